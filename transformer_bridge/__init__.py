@@ -1,0 +1,19 @@
+"""transformer-bridge: TransformerLens-named hook points on unmodified HuggingFace decoder models."""
+
+from .adapters import SUPPORTED_MODEL_TYPES, UnsupportedArchitectureError
+from .bridge import BridgeConfig, TransformerBridge
+from .cache import ActivationCache, get_act_name
+from .hook_points import HookContext, HookHandle, HookPoint, UnknownHookError
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "ActivationCache",
+    "BridgeConfig",
+    "HookContext",
+    "HookHandle",
+    "HookPoint",
+    "TransformerBridge",
+    "UnknownHookError",
+    "UnsupportedArchitectureError",
+    "get_act_name",
+]

@@ -1,0 +1,63 @@
+"""The `Adapter` record: where one architecture family keeps each part the bridge hooks.
+
+Paths are dotted attribute paths; block-level paths are relative to one decoder block.
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+NormKind = Literal["layernorm", "rms", "rms_one_plus"]
+QKVLayout = Literal["separate", "concat", "per_head"]
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """Declarative description of one HF architecture family.
+
+    Attributes:
+        model_types: ``config.model_type`` values this adapter serves.
+        embed, pos_embed, blocks, ln_final, unembed: model-level module paths.
+        ln1, ln2: norms before attention and before the MLP (block-relative).
+        attn: the attention module; ``q``, ``k``, ``v``: its projections, or ``qkv`` when fused.
+        qkv_layout: ``separate`` (three projections), ``concat`` (``[q | k | v]`` along features,
+            GPT-2, Phi-3) or ``per_head`` (``[head, q|k|v, d_head]``, GPT-NeoX).
+        o_proj: attention output projection; its input is ``hook_z``, its output ``hook_result``.
+        attn_out, mlp_out: modules whose outputs are added to the residual stream.
+        mlp_in: first MLP projection (``hook_pre``); gated families name the gate projection.
+        mlp_up: up projection of gated MLPs (``hook_pre_linear``); ``fused_gate_up`` when
+            ``mlp_in`` holds ``[gate | up]`` (Phi-3).
+        mlp_down: last MLP projection; its input is ``hook_post``.
+        norm: ``layernorm`` (mean-centred), ``rms``, or ``rms_one_plus`` (weight stored as w - 1).
+        parallel_attn_mlp: config attribute that says attention and MLP read the same residual.
+        conv1d: projections store weights ``[in, out]`` (GPT-2's Conv1D) instead of ``[out, in]``.
+    """
+
+    model_types: tuple[str, ...]
+    embed: str
+    blocks: str
+    ln_final: str
+    ln1: str
+    ln2: str
+    attn: str
+    o_proj: str
+    attn_out: str
+    mlp_out: str
+    mlp_in: str
+    mlp_down: str
+    unembed: str = "lm_head"
+    pos_embed: str | None = None
+    q: str | None = None
+    k: str | None = None
+    v: str | None = None
+    qkv: str | None = None
+    qkv_layout: QKVLayout = "separate"
+    mlp_up: str | None = None
+    fused_gate_up: bool = False
+    norm: NormKind = "rms"
+    parallel_attn_mlp: str | None = None
+    conv1d: bool = False
+    rotary: bool = True
+
+    @property
+    def gated(self) -> bool:
+        return self.mlp_up is not None or self.fused_gate_up

@@ -1,0 +1,23 @@
+"""GPT-NeoX / Pythia: fused per-head QKV, partial rotary, parallel attention and MLP by default."""
+
+from .base import Adapter
+
+GPT_NEOX = Adapter(
+    model_types=("gpt_neox",),
+    embed="gpt_neox.embed_in",
+    blocks="gpt_neox.layers",
+    ln_final="gpt_neox.final_layer_norm",
+    unembed="embed_out",
+    ln1="input_layernorm",
+    ln2="post_attention_layernorm",
+    attn="attention",
+    qkv="attention.query_key_value",
+    qkv_layout="per_head",
+    o_proj="attention.dense",
+    attn_out="attention",
+    mlp_in="mlp.dense_h_to_4h",
+    mlp_down="mlp.dense_4h_to_h",
+    mlp_out="mlp",
+    norm="layernorm",
+    parallel_attn_mlp="use_parallel_residual",
+)

@@ -1,0 +1,154 @@
+"""Attention internals through HF's attention registry.
+
+For each original implementation (``sdpa``, ``eager``) we register ``bridge_<original>`` with
+`AttentionInterface` and the original mask function under the same name with
+`AttentionMaskInterface` (without a mask function the causal mask is silently dropped). The
+registered function delegates to the original unless an attention-internal hook point
+(``hook_rot_q``, ``hook_rot_k``, ``hook_attn_scores``, ``hook_pattern``) of that layer is active;
+then it computes attention explicitly so those points can be read and edited.
+"""
+
+import sys
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .hook_points import HookPoint
+
+SUPPORTED_ORIGINALS = ("sdpa", "eager")
+PREFIX = "bridge_"
+
+
+@dataclass
+class AttentionPoints:
+    """The attention-internal hook points of one layer (``None`` where the family has none)."""
+
+    rot_q: HookPoint | None
+    rot_k: HookPoint | None
+    scores: HookPoint
+    pattern: HookPoint
+
+
+# Attention module -> its points, present only while one of them has a hook. Weak keys: a model
+# that is garbage collected leaves nothing behind.
+_HOOKED: "weakref.WeakKeyDictionary[nn.Module, AttentionPoints]" = weakref.WeakKeyDictionary()
+
+
+def bridge_implementation(original: str) -> str:
+    """Register (once) and return the bridge's attention implementation name for ``original``."""
+    if original.startswith(PREFIX):
+        return original
+    if original not in SUPPORTED_ORIGINALS:
+        raise ValueError(
+            f"The model uses attn_implementation={original!r}; the bridge supports "
+            f"{SUPPORTED_ORIGINALS}. Load it with `attn_implementation='sdpa'`."
+        )
+    name = PREFIX + original
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(name, _make_attention(original))
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
+    return name
+
+
+def set_hooked(module: nn.Module, points: AttentionPoints | None) -> None:
+    """Route ``module``'s attention through the explicit path (points given) or the original."""
+    if points is None:
+        _HOOKED.pop(module, None)
+    else:
+        _HOOKED[module] = points
+
+
+def _original_function(original: str, module: nn.Module) -> Callable:
+    if original == "eager":
+        # Eager is model-specific (Gemma 2 soft-caps); it lives next to the attention class.
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[original]
+
+
+def _make_attention(original: str) -> Callable:
+    def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
+        points = _HOOKED.get(module)
+        if points is None:
+            return _original_function(original, module)(module, query, key, value, attention_mask, **kwargs)
+        return hooked_attention(module, query, key, value, attention_mask, points, **kwargs)
+
+    attention.__name__ = f"{PREFIX}{original}_attention"
+    return attention
+
+
+def _run_heads_last(point: HookPoint | None, x: Tensor) -> Tensor:
+    """Run a point on ``[b, head, pos, d]`` data shown to hooks as ``[b, pos, head, d]``."""
+    if point is None or not point.active:
+        return x
+    shown = x.transpose(1, 2)
+    out = point.run(shown)
+    return x if out is shown else out.transpose(1, 2)
+
+
+def hooked_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    points: AttentionPoints,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    **_: object,
+) -> tuple[Tensor, Tensor]:
+    """Explicit attention exposing rotated q/k, masked scores and the pattern to hooks.
+
+    Shapes follow HF: ``query [b, head, q, d]``, ``key/value [b, kv_head, kv, d]`` (the KV cache
+    already updated), returns ``([b, q, head, d], pattern)``.
+    """
+    n_q, n_kv = query.shape[2], key.shape[2]
+    query = _run_heads_last(points.rot_q, query)
+    if points.rot_k is not None and points.rot_k.active:
+        # Hooks see only the new positions; an edit is written into the key tensor, which is the
+        # KV cache's own storage during decoding, so it persists like an edit made at prefill.
+        fresh = key[:, :, n_kv - n_q :]
+        new = _run_heads_last(points.rot_k, fresh)
+        if new is not fresh:
+            if torch.is_grad_enabled() and (key.requires_grad or new.requires_grad):
+                key = torch.cat([key[:, :, : n_kv - n_q], new], dim=2)
+            else:
+                key[:, :, n_kv - n_q :] = new
+    n_rep = query.shape[1] // key.shape[1]
+    if n_rep > 1:
+        key = key.repeat_interleave(n_rep, dim=1)
+        value = value.repeat_interleave(n_rep, dim=1)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = _apply_mask(scores, attention_mask, n_q, n_kv)
+    if points.scores.active:
+        scores = points.scores.run(scores)
+    pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    if points.pattern.active:
+        pattern = points.pattern.run(pattern)
+    if dropout and module.training:
+        pattern = nn.functional.dropout(pattern, p=dropout, training=True)
+    out = torch.matmul(pattern, value).transpose(1, 2).contiguous()
+    return out, pattern
+
+
+def _apply_mask(scores: Tensor, mask: Tensor | None, n_q: int, n_kv: int) -> Tensor:
+    minimum = torch.finfo(scores.dtype).min
+    if mask is None:
+        # The sdpa mask function returns None for a plain causal mask (no padding, no window):
+        # query i sees keys up to i + (n_kv - n_q), aligned to the end.
+        q_idx = torch.arange(n_q, device=scores.device)[:, None] + (n_kv - n_q)
+        allowed = torch.arange(n_kv, device=scores.device)[None, :] <= q_idx
+        return scores.masked_fill(~allowed, minimum)
+    if mask.dtype == torch.bool:
+        return scores.masked_fill(~mask[..., :n_kv], minimum)
+    return scores + mask[..., :n_kv]

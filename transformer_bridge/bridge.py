@@ -1,0 +1,525 @@
+"""`TransformerBridge`: TransformerLens-named hook points on an unmodified HF causal LM."""
+
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, overload
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from . import attention
+from .adapters import Adapter, adapter_for
+from .cache import ActivationCache
+from .hook_points import HookContext, HookPoint, HookRegistry, NameOrFilter
+from .sites import build_sites, get_module
+
+Input = str | Sequence[str] | Tensor
+NamesFilter = None | str | Sequence[str] | Callable[[str], bool]
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    """Sizes of the wrapped model, in the project's dimension vocabulary."""
+
+    model_type: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_mlp: int
+    d_vocab: int
+    n_ctx: int | None
+    parallel_attn_mlp: bool
+    gated_mlp: bool
+    normalization: str
+
+
+class TransformerBridge(nn.Module, HookRegistry):
+    """Wrap a HF causal LM and expose TransformerLens-named hook points.
+
+    With no hook registered the model runs its own code: logits are bitwise those of the HF model.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> model = TransformerBridge.from_config(LlamaConfig(vocab_size=99, hidden_size=32,
+        ...     intermediate_size=37, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+        >>> logits, cache = model.run_with_cache(torch.tensor([[1, 2, 3]]))
+        >>> cache["resid_post", 1].shape
+        torch.Size([1, 3, 32])
+    """
+
+    def __init__(self, hf_model: PreTrainedModel, tokenizer: Any = None) -> None:
+        if not isinstance(hf_model, nn.Module) or not hasattr(hf_model, "config"):
+            raise TypeError(
+                f"`hf_model` must be a HuggingFace causal LM (PreTrainedModel), got {type(hf_model).__name__}."
+            )
+        nn.Module.__init__(self)
+        HookRegistry.__init__(self)
+        self.hf_model = hf_model
+        self.tokenizer = tokenizer
+        self.adapter: Adapter = adapter_for(hf_model.config.model_type)
+        self.cfg = _bridge_config(hf_model, self.adapter)
+        original = hf_model.config._attn_implementation
+        bridged = attention.bridge_implementation(original)
+        if bridged != original:
+            hf_model.set_attn_implementation(bridged)
+        sites = build_sites(
+            self,
+            hf_model,
+            self.adapter,
+            self.cfg.n_heads,
+            self.cfg.n_kv_heads,
+            self.cfg.d_head,
+            self.cfg.parallel_attn_mlp,
+        )
+        self.hook_dict = sites.points
+        self._sites_for = sites.sites_for
+        self._stash = sites.stash
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        tokenizer: Any = None,
+        **hf_kwargs: Any,
+    ) -> "TransformerBridge":
+        """Load a local HF folder (or a cached hub name) and wrap it; ``gguf_file=`` passes through.
+
+        Example:
+            >>> model = TransformerBridge.from_pretrained("path/to/SmolLM2", dtype=torch.float32)
+        """
+        device = _check_device(device)
+        hf_model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **hf_kwargs)
+        if tokenizer is None:
+            tok_kwargs = {k: v for k, v in hf_kwargs.items() if k in ("gguf_file", "revision", "trust_remote_code")}
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path, **tok_kwargs)
+        if device is not None:
+            hf_model.to(device)
+        return cls(hf_model.eval(), tokenizer)
+
+    @classmethod
+    def from_config(cls, config: Any, tokenizer: Any = None, dtype: torch.dtype | None = None) -> "TransformerBridge":
+        """Build a randomly initialised model from a HF config (seed with `torch.manual_seed`).
+
+        Example:
+            >>> from transformers import GPT2Config
+            >>> model = TransformerBridge.from_config(GPT2Config(n_layer=2, n_embd=32, n_head=4))
+        """
+        hf_model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        return cls(hf_model.eval(), tokenizer)
+
+    # -- hooks --------------------------------------------------------------------------------
+    def _activate(self, point: HookPoint) -> None:
+        acquired = []
+        try:
+            for site in self._sites_for[point.name]:
+                site.acquire()
+                acquired.append(site)
+        except Exception:
+            for site in acquired:
+                site.release()
+            raise
+
+    def _deactivate(self, point: HookPoint) -> None:
+        for site in self._sites_for[point.name]:
+            site.release()
+
+    def __repr__(self) -> str:
+        c = self.cfg
+        return (
+            f"TransformerBridge({type(self.hf_model).__name__}, n_layers={c.n_layers}, d_model={c.d_model}, "
+            f"n_heads={c.n_heads}, n_kv_heads={c.n_kv_heads}, hook points={len(self.hook_dict)})"
+        )
+
+    # -- tokens -------------------------------------------------------------------------------
+    def _require_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise ValueError(
+                "This bridge has no tokenizer, so it cannot take text. Pass token ids, or build it with "
+                "`TransformerBridge(hf_model, tokenizer)`."
+            )
+        return self.tokenizer
+
+    @property
+    def pad_token_id(self) -> int:
+        tok = self.tokenizer
+        for value in (
+            getattr(tok, "pad_token_id", None),
+            getattr(tok, "eos_token_id", None),
+            getattr(self.hf_model.config, "pad_token_id", None),
+        ):
+            if isinstance(value, int):
+                return value
+        return 0
+
+    def to_tokens(
+        self, input: str | Sequence[str], prepend_bos: bool | None = None
+    ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+        """Tokenize text into a left-padded batch; returns ``(tokens, attention_mask)``.
+
+        ``prepend_bos=None`` follows the tokenizer's own convention (``add_special_tokens``);
+        ``True`` makes sure every row starts with BOS; ``False`` adds no special tokens.
+
+        Example:
+            >>> tokens, mask = model.to_tokens(["Hello", "The capital of France is"])
+        """
+        tok = self._require_tokenizer()
+        texts = [input] if isinstance(input, str) else list(input)
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise TypeError(f"`input` must be a str or a non-empty list of str, got {_describe(input)}.")
+        rows = [tok(t, add_special_tokens=prepend_bos is not False)["input_ids"] for t in texts]
+        bos = getattr(tok, "bos_token_id", None)
+        if prepend_bos and bos is not None:
+            rows = [r if r[:1] == [bos] else [bos, *r] for r in rows]
+        if any(len(r) == 0 for r in rows):
+            raise ValueError("`input` contains a string that tokenizes to no tokens; give it some text or BOS.")
+        width = max(len(r) for r in rows)
+        tokens = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            tokens[i, width - len(r) :] = torch.tensor(r)
+            mask[i, width - len(r) :] = 1
+        return tokens.to(self.device), mask.to(self.device)
+
+    def to_string(self, tokens: Int[Tensor, "... pos"] | Sequence[int]) -> str | list[str]:
+        """Decode tokens: one sequence → str, a batch → list of str (special tokens kept)."""
+        tok = self._require_tokenizer()
+        t = torch.as_tensor(tokens)
+        if t.dim() <= 1:
+            return tok.decode(t.reshape(-1).tolist())
+        return [tok.decode(row.tolist()) for row in t]
+
+    def to_str_tokens(self, input: str | Int[Tensor, "pos"] | Sequence[int], prepend_bos: bool | None = None) -> list[str]:
+        """The string of each token: ``model.to_str_tokens("Hi there") == ["Hi", " there"]``."""
+        tok = self._require_tokenizer()
+        if isinstance(input, str):
+            tokens, _ = self.to_tokens(input, prepend_bos=prepend_bos)
+            ids = tokens[0].tolist()
+        else:
+            t = torch.as_tensor(input)
+            if t.dim() > 1:
+                if t.shape[0] != 1:
+                    raise ValueError(f"`input` must be one sequence, got a batch of shape {tuple(t.shape)}.")
+                t = t[0]
+            ids = t.tolist()
+        return [tok.decode([i]) for i in ids]
+
+    def to_single_token(self, string: str) -> int:
+        """The id of a string that is exactly one token (no special tokens added)."""
+        tok = self._require_tokenizer()
+        ids = tok(string, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise ValueError(f"`string`={string!r} is {len(ids)} tokens ({ids}), not exactly one.")
+        return ids[0]
+
+    # -- unembedding ---------------------------------------------------------------------------
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:  # noqa: N802 (TransformerLens name)
+        """Unembedding matrix."""
+        return self.hf_model.get_output_embeddings().weight.T
+
+    @property
+    def b_U(self) -> Float[Tensor, "d_vocab"] | None:  # noqa: N802
+        """Unembedding bias, or None."""
+        return getattr(self.hf_model.get_output_embeddings(), "bias", None)
+
+    @property
+    def ln_final_weight(self) -> Float[Tensor, "d_model"]:
+        """The final norm's effective weight γ (Gemma's stored ``w`` is used as ``1 + w``)."""
+        w = get_module(self.hf_model, self.adapter.ln_final).weight
+        return 1.0 + w.float() if self.adapter.norm == "rms_one_plus" else w
+
+    def unembed_directions(self, tokens: Int[Tensor, "..."] | int) -> Float[Tensor, "... d_model"]:
+        """``γ ⊙ W_U[:, token]`` for each token: the direction a normalized residual is read along."""
+        index = torch.as_tensor(tokens, device=self.device)
+        w = self.hf_model.get_output_embeddings().weight[index]  # [..., d_model]
+        return (w * self.ln_final_weight.to(w.dtype)).detach()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf_model.parameters()).device
+
+    def prepare_input(
+        self, input: Input, attention_mask: Tensor | None = None, prepend_bos: bool | None = None
+    ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+        """Normalise any accepted input to ``(tokens [batch, pos], attention_mask [batch, pos])``."""
+        if isinstance(input, str) or (isinstance(input, (list, tuple)) and input and isinstance(input[0], str)):
+            if attention_mask is not None:
+                raise ValueError("`attention_mask` is only accepted with token inputs; text is padded for you.")
+            return self.to_tokens(input, prepend_bos=prepend_bos)
+        if not isinstance(input, Tensor):
+            raise TypeError(
+                f"`input` must be a str, a list of str, or a tensor of token ids [batch, pos]; got {_describe(input)}."
+            )
+        tokens = input[None] if input.dim() == 1 else input
+        if tokens.dim() != 2 or tokens.shape[1] == 0:
+            raise ValueError(f"`input` tokens must have shape [batch, pos] with pos ≥ 1, got {tuple(input.shape)}.")
+        if tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
+            raise TypeError(f"`input` tokens must be an integer tensor, got dtype {tokens.dtype}.")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.cfg.d_vocab:
+            bad = hi if hi >= self.cfg.d_vocab else lo
+            raise ValueError(f"`input` contains token id {bad}, outside the vocabulary [0, {self.cfg.d_vocab - 1}].")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(tokens)
+        else:
+            attention_mask = attention_mask[None] if attention_mask.dim() == 1 else attention_mask
+            if attention_mask.shape != tokens.shape:
+                raise ValueError(
+                    f"`attention_mask` shape {tuple(attention_mask.shape)} must equal the tokens' shape "
+                    f"{tuple(tokens.shape)}."
+                )
+        n_ctx = self.cfg.n_ctx
+        if n_ctx is not None and tokens.shape[1] > n_ctx:
+            raise ValueError(f"`input` has {tokens.shape[1]} tokens; the model's context limit is {n_ctx}.")
+        return tokens.to(self.device).long(), attention_mask.to(self.device).long()
+
+    # -- forward ------------------------------------------------------------------------------
+    def run_model(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        attention_mask: Int[Tensor, "batch key_pos"] | None,
+        ctx: HookContext,
+        past_key_values: Any = None,
+        position_ids: Int[Tensor, "batch pos"] | None = None,
+    ) -> Any:
+        """One HF forward with ``ctx`` visible to hooks. The building block of forward and generate.
+
+        ``attention_mask`` covers cached plus new positions; pass ``None`` when there is no padding
+        so HF takes its own fastest path (and its default positions).
+        """
+        with self._context(ctx):
+            try:
+                return self.hf_model(
+                    input_ids=tokens,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    past_key_values=past_key_values,
+                    use_cache=past_key_values is not None,
+                )
+            finally:
+                self._stash.clear()
+
+    def _forward_tokens(self, tokens: Tensor, mask: Tensor, ctx: HookContext | None = None) -> Tensor:
+        ctx = ctx or HookContext.from_mask(mask)
+        padded = not bool(mask.all())
+        out = self.run_model(tokens, mask if padded else None, ctx, position_ids=ctx.positions if padded else None)
+        return out.logits
+
+    def forward(
+        self,
+        input: Input,
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        return_type: Literal["logits", "loss", "both"] = "logits",
+        prepend_bos: bool | None = None,
+    ) -> Any:
+        """Logits ``[batch, pos, d_vocab]`` (or the mean next-token loss over real tokens).
+
+        Example:
+            >>> logits = model("The capital of France is")
+        """
+        if return_type not in ("logits", "loss", "both"):
+            raise ValueError(f"`return_type` must be 'logits', 'loss' or 'both', got {return_type!r}.")
+        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos)
+        logits = self._forward_tokens(tokens, mask)
+        if return_type == "logits":
+            return logits
+        loss = next_token_loss(logits, tokens, mask)
+        return loss if return_type == "loss" else (logits, loss)
+
+    def run_with_hooks(
+        self,
+        input: Input,
+        fwd_hooks: Sequence[tuple[NameOrFilter, Callable]] = (),
+        bwd_hooks: Sequence[tuple[NameOrFilter, Callable]] = (),
+        reset_hooks_end: bool = True,
+        **forward_kwargs: Any,
+    ) -> Any:
+        """Run a forward with temporary hooks (removed afterwards, also on error).
+
+        Example:
+            >>> zero = lambda z, hook: z * 0
+            >>> logits = model.run_with_hooks("Hi", fwd_hooks=[("blocks.0.attn.hook_z", zero)])
+        """
+        with self.hooks(fwd_hooks=fwd_hooks, bwd_hooks=bwd_hooks, reset_hooks_end=reset_hooks_end):
+            return self(input, **forward_kwargs)
+
+    def names_matching(self, names_filter: NamesFilter) -> list[str]:
+        """Canonical hook names selected by a filter (None: all; str; list; predicate)."""
+        if names_filter is None:
+            return list(self.hook_dict)
+        if isinstance(names_filter, str):
+            names = [p.name for p in self.resolve(_canonical(self, names_filter))]
+        elif callable(names_filter):
+            names = [n for n in self.hook_dict if names_filter(n)]
+            if not names:
+                raise ValueError(
+                    "`names_filter` matched no hook point. Names look like "
+                    f"{list(self.hook_dict)[:3]}; see `model.hook_dict`."
+                )
+        else:
+            names = [p.name for n in names_filter for p in self.resolve(_canonical(self, n))]
+            if not names:
+                raise ValueError("`names_filter` is an empty list; give at least one hook name, or None for all.")
+        return names
+
+    @overload
+    def run_with_cache(
+        self, input: Input, names_filter: NamesFilter = ..., device: Any = ..., *, incl_bwd: Literal[False] = ...,
+        **kw: Any,
+    ) -> tuple[Float[Tensor, "batch pos d_vocab"], ActivationCache]: ...
+    @overload
+    def run_with_cache(
+        self, input: Input, names_filter: NamesFilter = ..., device: Any = ..., *, incl_bwd: Literal[True], **kw: Any
+    ) -> tuple[Float[Tensor, "batch pos d_vocab"], ActivationCache]: ...
+
+    def run_with_cache(
+        self,
+        input: Input,
+        names_filter: NamesFilter = None,
+        device: str | torch.device | None = None,
+        remove_batch_dim: bool = False,
+        incl_bwd: bool = False,
+        pos_slice: int | slice | Sequence[int] | None = None,
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        metric: Callable[[Tensor], Tensor] | None = None,
+        prepend_bos: bool | None = None,
+    ) -> tuple[Float[Tensor, "batch pos d_vocab"], ActivationCache]:
+        """Forward and cache activations: ``(logits, ActivationCache)``.
+
+        Each activation is stored once (aliases such as ``resid_pre[l+1]`` / ``resid_post[l]``
+        share storage) on ``device`` as it is produced; the model is never moved. Without
+        ``incl_bwd`` no autograd graph is kept. With it, ``metric(logits)`` (default: next-token
+        loss) is backpropagated and gradients are stored under ``<name>_grad``.
+
+        Example:
+            >>> logits, cache = model.run_with_cache("Hello world", names_filter=lambda n: "resid" in n)
+            >>> cache["resid_post", 0].shape
+        """
+        device = _check_device(device)
+        if remove_batch_dim and isinstance(input, (list, tuple)) and len(input) != 1:
+            raise ValueError("`remove_batch_dim=True` needs a batch of one; got a batch of several inputs.")
+        names = self.names_matching(names_filter)
+        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos)
+        if remove_batch_dim and tokens.shape[0] != 1:
+            raise ValueError(f"`remove_batch_dim=True` needs a batch of one, got batch {tokens.shape[0]}.")
+        store = CacheWriter(device, pos_slice)
+        fwd = [(n, store.hook) for n in names]
+        bwd = [(n, store.grad_hook) for n in names] if incl_bwd else []
+        with self.hooks(fwd_hooks=fwd, bwd_hooks=bwd):
+            if incl_bwd:
+                logits = self._forward_tokens(tokens, mask)
+                target = metric(logits) if metric is not None else next_token_loss(logits, tokens, mask)
+                target.backward()
+                logits = logits.detach()
+            else:
+                with torch.inference_mode():
+                    logits = self._forward_tokens(tokens, mask)
+        cache = ActivationCache(store.tensors, self, attention_mask=mask.to(device or mask.device))
+        return logits, (cache.remove_batch_dim() if remove_batch_dim else cache)
+
+
+class CacheWriter:
+    """Caching hook: stores each tensor once on ``device``; aliases of one tensor share storage."""
+
+    def __init__(self, device: torch.device | None, pos_slice: int | slice | Sequence[int] | None = None) -> None:
+        self.device = device
+        self.pos_slice = pos_slice
+        self.tensors: dict[str, Tensor] = {}
+        self._seen: dict[int, tuple[Any, Tensor]] = {}
+
+    def _store(self, key: str, tensor: Tensor) -> None:
+        hit = self._seen.get(id(tensor))
+        if hit is not None and hit[0]() is tensor:
+            self.tensors[key] = hit[1]
+            return
+        stored = tensor.detach()
+        if self.pos_slice is not None:
+            stored = _slice_positions(key, stored, self.pos_slice)
+        if self.device is not None:
+            stored = stored.to(self.device)
+        self._seen[id(tensor)] = (weakref.ref(tensor), stored)
+        self.tensors[key] = stored
+
+    def hook(self, tensor: Tensor, hook: HookPoint) -> None:
+        self._store(hook.name, tensor)
+
+    def grad_hook(self, grad: Tensor, hook: HookPoint) -> None:
+        self._store(hook.name + "_grad", grad)
+
+
+def _slice_positions(name: str, t: Tensor, pos_slice: int | slice | Sequence[int]) -> Tensor:
+    dim = 2 if name.endswith(("hook_pattern", "hook_attn_scores")) else 1
+    if isinstance(pos_slice, int):
+        return t.narrow(dim, pos_slice % t.shape[dim], 1)
+    if isinstance(pos_slice, slice):
+        index = [slice(None)] * t.dim()
+        index[dim] = pos_slice
+        return t[tuple(index)]
+    return t.index_select(dim, torch.as_tensor(list(pos_slice), device=t.device))
+
+
+def next_token_loss(
+    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"]
+) -> Float[Tensor, ""]:
+    """Mean cross-entropy of predicting each real token from the one before it."""
+    logprobs = logits[:, :-1].float().log_softmax(-1)
+    nll = -logprobs.gather(-1, tokens[:, 1:, None])[..., 0]
+    keep = (mask[:, 1:] * mask[:, :-1]).to(nll.dtype)
+    return (nll * keep).sum() / keep.sum().clamp_min(1)
+
+
+def _canonical(model: TransformerBridge, name: str) -> str:
+    from .cache import expand_key
+
+    return expand_key(name, model.hook_dict) if name not in model.hook_dict else name
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'…' if len(text) > 60 else ''}"
+
+
+def _check_device(device: str | torch.device | None) -> torch.device | None:
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"`device`={device!r} is not a valid torch device (e.g. 'cpu', 'cuda', 'cuda:0').") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"`device`={device!r} asks for CUDA, but no CUDA device is available here; use 'cpu'.")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"`device`={device!r}: only {torch.cuda.device_count()} CUDA device(s) exist.")
+    return dev
+
+
+def _bridge_config(model: PreTrainedModel, adapter: Adapter) -> BridgeConfig:
+    c = model.config
+    n_heads = c.num_attention_heads
+    d_model = c.hidden_size
+    d_head = getattr(c, "head_dim", None) or d_model // n_heads
+    down = get_module(get_module(model, adapter.blocks)[0], adapter.mlp_down)
+    d_mlp = down.weight.shape[0] if adapter.conv1d else down.weight.shape[1]
+    parallel = bool(adapter.parallel_attn_mlp and getattr(c, adapter.parallel_attn_mlp, False))
+    return BridgeConfig(
+        model_type=c.model_type,
+        n_layers=c.num_hidden_layers,
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=getattr(c, "num_key_value_heads", None) or n_heads,
+        d_head=d_head,
+        d_mlp=d_mlp,
+        d_vocab=model.get_output_embeddings().weight.shape[0],
+        n_ctx=getattr(c, "max_position_embeddings", None),
+        parallel_attn_mlp=parallel,
+        gated_mlp=adapter.gated,
+        normalization=adapter.norm,
+    )

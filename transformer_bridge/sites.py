@@ -1,0 +1,314 @@
+"""Sites: the torch hooks on HF modules that serve the bridge's hook points.
+
+A site is one forward (or forward-pre) hook on one HF module that serves an ordered group of
+points, with a small ``process`` function that shows each point its tensor in TransformerLens
+layout and writes edits back. A site's torch hook exists only while a point it serves (or a point
+that depends on it) has a function registered.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from . import attention
+from .adapters import Adapter
+from .hook_points import HookPoint, HookRegistry
+
+Run = Callable[[str, Tensor], Tensor]
+
+
+@dataclass(eq=False)
+class Site:
+    """One torch hook serving ``points``; ``process(run, x, inp)`` returns the (maybe new) tensor.
+
+    For a ``pre`` site ``x`` is the module's first input; for a ``post`` site ``x`` is its output
+    (the first element when the module returns a tuple) and ``inp`` its first input.
+    """
+
+    module: nn.Module
+    kind: Literal["pre", "post"]
+    process: Callable[[Run, Tensor, Tensor | None], Tensor]
+    registry: HookRegistry
+    points: dict[str, HookPoint] = field(default_factory=dict)
+    refs: int = 0
+    handle: RemovableHandle | None = None
+
+    def acquire(self) -> None:
+        if self.refs == 0:
+            if self.kind == "pre":
+                self.handle = self.module.register_forward_pre_hook(self._pre, with_kwargs=True)
+            else:
+                self.handle = self.module.register_forward_hook(self._post, with_kwargs=True)
+        self.refs += 1
+
+    def release(self) -> None:
+        self.refs -= 1
+        if self.refs == 0 and self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+    def _run(self, key: str, tensor: Tensor) -> Tensor:
+        point = self.points.get(key)
+        return point.run(tensor) if point is not None and point.active else tensor
+
+    def _call(self, x: Tensor, inp: Tensor | None) -> Tensor:
+        # OPT runs its MLP on flattened tokens [batch * pos, d]; hooks always see [batch, pos, d].
+        ctx = self.registry.ctx
+        if x.dim() == 2 and ctx is not None:
+            shape = x.shape
+            x3 = x.view(ctx.positions.shape[0], -1, shape[-1])
+            inp3 = None if inp is None else inp.view(ctx.positions.shape[0], -1, inp.shape[-1])
+            out = self.process(self._run, x3, inp3)
+            return x if out is x3 else out.reshape(shape)
+        return self.process(self._run, x, inp)
+
+    def _pre(self, module: nn.Module, args: tuple, kwargs: dict):
+        if args:
+            new = self._call(args[0], None)
+            return None if new is args[0] else ((new, *args[1:]), kwargs)
+        new = self._call(kwargs["hidden_states"], None)
+        return None if new is kwargs["hidden_states"] else (args, {**kwargs, "hidden_states": new})
+
+    def _post(self, module: nn.Module, args: tuple, kwargs: dict, output):
+        inp = args[0] if args else kwargs.get("hidden_states")
+        out = output[0] if isinstance(output, tuple) else output
+        new = self._call(out, inp)
+        if new is out:
+            return None
+        return (new, *output[1:]) if isinstance(output, tuple) else new
+
+
+def identity(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
+    return run("", x)
+
+
+def heads(n_heads: int, d_head: int) -> Callable:
+    """``[b, p, head * d]`` shown as ``[b, p, head, d]``."""
+
+    def process(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
+        shown = x.view(*x.shape[:-1], n_heads, d_head)
+        out = run("", shown)
+        return x if out is shown else out.reshape(x.shape)
+
+    return process
+
+
+def fused_qkv(layout: str, n_heads: int, n_kv: int, d_head: int) -> Callable:
+    """Split a fused QKV projection output into ``q``, ``k``, ``v`` and write edits back."""
+
+    def process(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
+        if layout == "per_head":
+            grouped = x.view(*x.shape[:-1], n_heads, 3 * d_head)
+            parts = list(grouped.split(d_head, dim=-1))
+        else:
+            parts = list(x.split([n_heads * d_head, n_kv * d_head, n_kv * d_head], dim=-1))
+            parts = [p.view(*p.shape[:-1], -1, d_head) for p in parts]
+        new = [run(key, part) for key, part in zip("qkv", parts, strict=True)]
+        if all(a is b for a, b in zip(new, parts, strict=True)):
+            return x
+        if layout == "per_head":
+            return torch.cat(new, dim=-1).reshape(x.shape)
+        return torch.cat([p.flatten(-2) for p in new], dim=-1)
+
+    return process
+
+
+def gate_up(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    new_gate, new_up = run("pre", gate), run("pre_linear", up)
+    if new_gate is gate and new_up is up:
+        return x
+    return torch.cat([new_gate, new_up], dim=-1)
+
+
+def norm(kind: str, module: nn.Module) -> Callable:
+    """Expose ``hook_scale`` ([b, p, 1]) and ``hook_normalized`` (before the weight) of a norm."""
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-5))
+
+    def process(run: Run, out: Tensor, x: Tensor | None) -> Tensor:
+        h = x.float()
+        centred = h - h.mean(-1, keepdim=True) if kind == "layernorm" else h
+        scale = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt().to(x.dtype)
+        new_scale = run("scale", scale)
+        normalized = (centred / new_scale.float()).to(x.dtype)
+        new_normalized = run("normalized", normalized)
+        if new_scale is scale and new_normalized is normalized:
+            return out
+        weight = module.weight
+        if kind == "rms_one_plus":
+            return (new_normalized.float() * (1.0 + weight.float())).to(out.dtype)
+        y = new_normalized * weight if weight is not None else new_normalized
+        bias = getattr(module, "bias", None)
+        return (y + bias if bias is not None else y).to(out.dtype)
+
+    return process
+
+
+def head_results(n_heads: int, d_head: int, module: nn.Module, conv1d: bool) -> Callable:
+    """``hook_result``: each head's contribution through the output projection, bias excluded."""
+
+    def process(run: Run, out: Tensor, z: Tensor | None) -> Tensor:
+        w = module.weight.T if conv1d else module.weight  # [d_model, head * d_head]
+        w = w.reshape(w.shape[0], n_heads, d_head)
+        result = torch.einsum("bphd,mhd->bphm", z.view(*z.shape[:-1], n_heads, d_head), w)
+        new = run("", result)
+        if new is result:
+            return out
+        bias = getattr(module, "bias", None)
+        total = new.sum(-2)
+        return total + bias if bias is not None else total
+
+    return process
+
+
+class AttnFnSite:
+    """Not a torch hook: marks the layer's attention module for the explicit attention path."""
+
+    def __init__(self, module: nn.Module, points: "attention.AttentionPoints") -> None:
+        self.module, self.points, self.refs = module, points, 0
+
+    def acquire(self) -> None:
+        if self.refs == 0:
+            attention.set_hooked(self.module, self.points)
+        self.refs += 1
+
+    def release(self) -> None:
+        self.refs -= 1
+        if self.refs == 0:
+            attention.set_hooked(self.module, None)
+
+
+def get_module(root: nn.Module, path: str) -> nn.Module:
+    module = root
+    for part in path.split("."):
+        module = module[int(part)] if part.isdigit() else getattr(module, part)
+    return module
+
+
+@dataclass
+class SiteMap:
+    """All hook points of a model and, for each, the sites that must be active to serve it."""
+
+    points: dict[str, HookPoint]
+    sites_for: dict[str, list]
+    stash: dict[int, Tensor]
+
+
+def build_sites(
+    registry: HookRegistry,
+    model: nn.Module,
+    adapter: Adapter,
+    n_heads: int,
+    n_kv: int,
+    d_head: int,
+    parallel: bool,
+) -> SiteMap:
+    """Create every hook point of ``model`` in canonical TransformerLens order, with its sites."""
+    points: dict[str, HookPoint] = {}
+    sites_for: dict[str, list] = {}
+    stash: dict[int, Tensor] = {}
+
+    def add(name: str, site, key: str = "", extra: tuple = ()) -> None:
+        point = HookPoint(name, registry)
+        points[name] = point
+        if isinstance(site, Site):
+            site.points[key] = point
+        sites_for[name] = [site, *extra]
+
+    def site(module: nn.Module, kind: str, process: Callable) -> Site:
+        return Site(module, kind, process, registry)  # type: ignore[arg-type]
+
+    add("hook_embed", site(get_module(model, adapter.embed), "post", identity))
+    if adapter.pos_embed:
+        add("hook_pos_embed", site(get_module(model, adapter.pos_embed), "post", identity))
+
+    blocks = get_module(model, adapter.blocks)
+    for layer, block in enumerate(blocks):
+        p = f"blocks.{layer}."
+        m = lambda path: get_module(block, path)  # noqa: E731
+
+        def stash_resid_pre(run: Run, x: Tensor, inp, layer=layer) -> Tensor:
+            x = run("", x)
+            stash[layer] = x
+            return x
+
+        resid_pre = site(block, "pre", stash_resid_pre)
+        add(p + "hook_resid_pre", resid_pre)
+        add(p + "ln1.hook_scale", ln1 := site(m(adapter.ln1), "post", norm(adapter.norm, m(adapter.ln1))), "scale")
+        add(p + "ln1.hook_normalized", ln1, "normalized")
+
+        if adapter.qkv is None:
+            for key in "qkv":
+                heads_here = n_heads if key == "q" else n_kv
+                proj = m(getattr(adapter, key))
+                add(p + f"attn.hook_{key}", site(proj, "post", heads(heads_here, d_head)))
+        else:
+            fused = site(m(adapter.qkv), "post", fused_qkv(adapter.qkv_layout, n_heads, n_kv, d_head))
+            for key in "qkv":
+                add(p + f"attn.hook_{key}", fused, key)
+
+        attn_points = attention.AttentionPoints(None, None, HookPoint("", registry), HookPoint("", registry))
+        fn_site = AttnFnSite(m(adapter.attn), attn_points)
+        if adapter.rotary:
+            add(p + "attn.hook_rot_q", fn_site)
+            add(p + "attn.hook_rot_k", fn_site)
+            attn_points.rot_q, attn_points.rot_k = points[p + "attn.hook_rot_q"], points[p + "attn.hook_rot_k"]
+        add(p + "attn.hook_attn_scores", fn_site)
+        add(p + "attn.hook_pattern", fn_site)
+        attn_points.scores, attn_points.pattern = points[p + "attn.hook_attn_scores"], points[p + "attn.hook_pattern"]
+
+        o_proj = m(adapter.o_proj)
+        add(p + "attn.hook_z", site(o_proj, "pre", heads(n_heads, d_head)))
+        add(p + "attn.hook_result", site(o_proj, "post", head_results(n_heads, d_head, o_proj, adapter.conv1d)))
+
+        attn_out_site = site(m(adapter.attn_out), "post", identity)
+        attn_out_site.process = _attn_out_and_mid(attn_out_site, stash, layer)
+        add(p + "hook_attn_out", attn_out_site, "attn_out")
+        if not parallel:
+            add(p + "hook_resid_mid", attn_out_site, "mid", extra=(resid_pre,))
+
+        ln2 = site(m(adapter.ln2), "post", norm(adapter.norm, m(adapter.ln2)))
+        add(p + "ln2.hook_scale", ln2, "scale")
+        add(p + "ln2.hook_normalized", ln2, "normalized")
+
+        if adapter.fused_gate_up:
+            fused_mlp = site(m(adapter.mlp_in), "post", gate_up)
+            add(p + "mlp.hook_pre", fused_mlp, "pre")
+            add(p + "mlp.hook_pre_linear", fused_mlp, "pre_linear")
+        else:
+            add(p + "mlp.hook_pre", site(m(adapter.mlp_in), "post", identity))
+            if adapter.mlp_up is not None:
+                add(p + "mlp.hook_pre_linear", site(m(adapter.mlp_up), "post", identity))
+        add(p + "mlp.hook_post", site(m(adapter.mlp_down), "pre", identity))
+        add(p + "hook_mlp_out", site(m(adapter.mlp_out), "post", identity))
+        add(p + "hook_resid_post", site(block, "post", identity))
+
+    ln_final = get_module(model, adapter.ln_final)
+    final = site(ln_final, "post", norm(adapter.norm, ln_final))
+    add("ln_final.hook_scale", final, "scale")
+    add("ln_final.hook_normalized", final, "normalized")
+    return SiteMap(points, sites_for, stash)
+
+
+def _attn_out_and_mid(site: Site, stash: dict[int, Tensor], layer: int) -> Callable:
+    """``hook_attn_out``, then ``hook_resid_mid`` = resid_pre + attn_out.
+
+    Edits of resid_mid travel through the attention output: it is the only tensor of the residual
+    add the bridge can replace without touching the model's code.
+    """
+
+    def process(run: Run, a: Tensor, inp: Tensor | None) -> Tensor:
+        new = run("attn_out", a)
+        mid_point = site.points.get("mid")
+        if mid_point is None or not mid_point.active:
+            return new
+        resid_pre = stash[layer]
+        mid = resid_pre + new
+        new_mid = run("mid", mid)
+        return new if new_mid is mid else new_mid - resid_pre
+
+    return process
