@@ -229,7 +229,9 @@ def build_sites(
     blocks = get_module(model, adapter.blocks)
     for layer, block in enumerate(blocks):
         p = f"blocks.{layer}."
-        m = lambda path: get_module(block, path)  # noqa: E731
+
+        def m(path: str, block: nn.Module = block) -> nn.Module:
+            return get_module(block, path)
 
         def stash_resid_pre(run: Run, x: Tensor, inp, layer=layer) -> Tensor:
             x = run("", x)

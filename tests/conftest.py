@@ -1,0 +1,90 @@
+"""Shared fixtures: tiny seeded models of every supported family, a character tokenizer, SmolLM2."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    Gemma2Config,
+    GPT2Config,
+    GPTNeoXConfig,
+    LlamaConfig,
+    MistralConfig,
+    OPTConfig,
+    Phi3Config,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+from transformer_bridge import TransformerBridge  # noqa: E402
+
+# Distinct sizes so a swapped axis fails loudly: vocab 99, d_model 32, d_mlp 37, 4 heads, 2 kv heads.
+V, D, M, H, KV, L = 99, 32, 37, 4, 2, 2
+_COMMON = dict(vocab_size=V, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+_ROPE = dict(_COMMON, hidden_size=D, intermediate_size=M, num_hidden_layers=L, num_attention_heads=H,
+             num_key_value_heads=KV, max_position_embeddings=128)  # fmt: skip
+
+CONFIGS = {
+    "gpt2": lambda: GPT2Config(**_COMMON, n_embd=D, n_inner=M, n_layer=L, n_head=H, n_positions=128),
+    "llama": lambda: LlamaConfig(**_ROPE),
+    "mistral": lambda: MistralConfig(**_ROPE, sliding_window=None),
+    "qwen2": lambda: Qwen2Config(**_ROPE),
+    "qwen3": lambda: Qwen3Config(**_ROPE, head_dim=8),
+    "gemma2": lambda: Gemma2Config(**_ROPE, head_dim=8),
+    "gpt_neox": lambda: GPTNeoXConfig(**{k: v for k, v in _ROPE.items() if k != "num_key_value_heads"}),
+    "phi3": lambda: Phi3Config(**_ROPE),
+    "opt": lambda: OPTConfig(**_COMMON, hidden_size=D, ffn_dim=M, num_hidden_layers=L, num_attention_heads=H,
+                             word_embed_proj_dim=D, max_position_embeddings=128),
+}  # fmt: skip
+FAMILIES = list(CONFIGS)
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """99-token character tokenizer (4 specials + printable ASCII) that adds BOS, like Llama's."""
+    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
+    vocab = {t: i for i, t in enumerate(specials + [chr(c) for c in range(32, 127)])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
+
+
+def make_hf(family: str, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(CONFIGS[family]()).eval()
+
+
+def make_bridge(family: str, seed: int = 0) -> TransformerBridge:
+    """A fresh bridge over a fresh tiny model (the HF model is reachable as ``.hf_model``)."""
+    return TransformerBridge(make_hf(family, seed), char_tokenizer())
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def bridge(family) -> TransformerBridge:
+    return make_bridge(family)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> TransformerBridge:
+    """The real SmolLM2-135M-Instruct (fp32), converted once into the user cache."""
+    try:
+        from transformer_bridge.real_model import smollm2_path
+
+        path = smollm2_path()
+    except (ImportError, FileNotFoundError) as e:  # pragma: no cover - setup problem, say so loudly
+        pytest.fail(f"SmolLM2 is not available: {e}. Run `make setup`.")
+    return TransformerBridge.from_pretrained(str(path), dtype=torch.float32)
