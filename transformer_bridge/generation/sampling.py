@@ -1,0 +1,220 @@
+"""Pure logits → token functions: the sampling warpers and the final draw.
+
+Everything here is a function of a ``[batch, d_vocab]`` logits tensor; there is no model, no state and no
+use of the global RNG. The warpers follow HuggingFace's (``TemperatureLogitsWarper``, ``TopKLogitsWarper``,
+``TopPLogitsWarper``, ``MinPLogitsWarper``, ``TypicalLogitsWarper`` with ``min_tokens_to_keep=1``) value for
+value, and run in the order HF's ``_get_logits_processor`` builds them::
+
+    temperature → top-k → top-p → min-p → typical-p → softmax → torch.multinomial
+
+Logits processors (penalties, bans, biases; see ``processors.py``) run *before* all of these. Arguments are
+checked once, before the decode loop, by :func:`validate_sampling_args`; :func:`sample` does not re-check them
+so a decode step stays a handful of tensor ops.
+
+Example::
+
+    >>> import torch
+    >>> from transformer_bridge.generation.sampling import sample, validate_sampling_args
+    >>> logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+    >>> validate_sampling_args(temperature=0.7, top_k=3, top_p=0.9)
+    >>> g = torch.Generator().manual_seed(0)
+    >>> sample(logits, temperature=0.7, top_k=3, top_p=0.9, generator=g).shape
+    torch.Size([1])
+    >>> sample(logits, temperature=0.0).tolist()
+    [0]
+"""
+
+import math
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+__all__ = ["greedy", "sample", "validate_sampling_args", "warp_logits"]
+
+_FILTER_VALUE = -math.inf
+
+
+def validate_sampling_args(
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    typical_p: float | None = None,
+) -> None:
+    """Raise ``ValueError`` naming the first invalid sampling argument; return ``None`` when all are valid.
+
+    Call it once before the decode loop: :func:`sample` and :func:`warp_logits` trust their arguments.
+
+    Valid values: ``temperature`` finite and ``>= 0`` (0 means greedy); ``top_k`` ``None`` or an int ``>= 0``
+    (0 and ``None`` disable it); ``top_p`` ``None`` or in ``(0, 1]``; ``min_p`` ``None`` or in ``[0, 1]``;
+    ``typical_p`` ``None`` or in ``(0, 1]`` (1 disables top-p and typical-p).
+
+    Example::
+
+        >>> validate_sampling_args(temperature=0.8, top_p=0.95)
+        >>> validate_sampling_args(top_p=0.0)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: `top_p` must be a float in (0, 1], got 0.0. ...
+    """
+    if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(
+            f"`temperature` must be a finite float >= 0, got {temperature!r}. "
+            "Use `temperature=0` for greedy decoding and 1.0 to leave the logits unscaled."
+        )
+    if top_k is not None and (not _is_int(top_k) or top_k < 0):
+        raise ValueError(
+            f"`top_k` must be None or an int >= 0, got {top_k!r}. Use `top_k=None` (or 0) to disable top-k."
+        )
+    if top_p is not None and (not _is_real(top_p) or not 0 < top_p <= 1):
+        raise ValueError(
+            f"`top_p` must be a float in (0, 1], got {top_p!r}. Use `top_p=None` (or 1.0) to disable nucleus sampling."
+        )
+    if min_p is not None and (not _is_real(min_p) or not 0 <= min_p <= 1):
+        raise ValueError(
+            f"`min_p` must be a float in [0, 1], got {min_p!r}. Use `min_p=None` (or 0.0) to disable min-p."
+        )
+    if typical_p is not None and (not _is_real(typical_p) or not 0 < typical_p <= 1):
+        raise ValueError(
+            f"`typical_p` must be a float in (0, 1], got {typical_p!r}. "
+            "Use `typical_p=None` (or 1.0) to disable typical sampling."
+        )
+
+
+def warp_logits(
+    logits: Float[Tensor, "batch d_vocab"],
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    typical_p: float | None = None,
+) -> Float[Tensor, "batch d_vocab"]:
+    """Apply the sampling warpers and return the scores ``sample`` draws from (removed tokens are ``-inf``).
+
+    ``softmax`` of the result is the distribution :func:`sample` draws from. Order and semantics are HF's:
+
+    * ``temperature``: divide by it; ``0`` keeps only the first argmax (a one-hot distribution), 1 is a no-op.
+    * ``top_k``: remove tokens scoring strictly below the k-th highest score, so ties with the k-th are kept.
+    * ``top_p``: sort ascending, remove tokens whose inclusive cumulative probability is ``<= 1 - top_p``; the
+      kept set is the smallest set of most likely tokens with mass ``>= top_p`` (the top token always stays).
+    * ``min_p``: remove tokens with probability ``< min_p * max_prob`` (probabilities after the steps above).
+    * ``typical_p``: keep the tokens whose surprisal is closest to the entropy until their mass reaches
+      ``typical_p`` (HF applies it after min-p, and so do we).
+
+    Half-precision logits are upcast to float32 first, as HF's ``generate`` does, so the thresholds do not
+    suffer bf16 rounding. The input is never modified.
+
+    Example::
+
+        >>> import torch
+        >>> warp_logits(torch.tensor([[3.0, 2.0, 1.0, 0.0]]), top_k=2)
+        tensor([[3., 2., -inf, -inf]])
+    """
+    scores = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    if temperature == 0:
+        keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, scores.argmax(-1, keepdim=True), True)
+        return scores.masked_fill(~keep, _FILTER_VALUE)
+    if temperature != 1.0:
+        scores = scores / temperature
+    if top_k:  # None and 0 both mean "off", as in HF
+        scores = _top_k(scores, top_k)
+    if top_p is not None and top_p < 1.0:
+        scores = _top_p(scores, top_p)
+    if min_p:  # min_p=0 removes nothing, so skipping it is exact
+        scores = _min_p(scores, min_p)
+    if typical_p is not None and typical_p < 1.0:
+        scores = _typical(scores, typical_p)
+    return scores
+
+
+def greedy(logits: Float[Tensor, "batch d_vocab"]) -> Int[Tensor, " batch"]:
+    """Return the highest-scoring token per row (the first one on ties, like ``torch.argmax``).
+
+    Example::
+
+        >>> import torch
+        >>> greedy(torch.tensor([[0.1, 2.0, -1.0], [5.0, 0.0, 5.0]])).tolist()
+        [1, 0]
+    """
+    return logits.argmax(dim=-1)
+
+
+def sample(
+    logits: Float[Tensor, "batch d_vocab"],
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    typical_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Int[Tensor, " batch"]:
+    """Draw one token per row from the warped distribution (see :func:`warp_logits` for order and semantics).
+
+    ``temperature == 0`` short-circuits to :func:`greedy` and consumes no randomness. Otherwise the draw is
+    ``torch.multinomial(softmax(warp_logits(...)), 1, generator=generator)``, exactly HF's sampling step, so
+    with ``generator`` the global RNG state is left untouched and the same seed gives the same tokens. The
+    generator must live on the logits' device. Arguments are not validated here; call
+    :func:`validate_sampling_args` once before the loop.
+
+    Example::
+
+        >>> import torch
+        >>> g = torch.Generator().manual_seed(0)
+        >>> sample(torch.tensor([[0.0, 9.0, 0.0]]), top_k=1, generator=g).tolist()
+        [1]
+    """
+    if temperature == 0:
+        return greedy(logits)
+    scores = warp_logits(logits, temperature, top_k, top_p, min_p, typical_p)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _top_k(scores: Float[Tensor, "batch d_vocab"], top_k: int) -> Float[Tensor, "batch d_vocab"]:
+    if top_k >= scores.shape[-1]:
+        return scores
+    kth_best = torch.topk(scores, top_k).values[..., -1:]
+    return scores.masked_fill(scores < kth_best, _FILTER_VALUE)
+
+
+def _top_p(scores: Float[Tensor, "batch d_vocab"], top_p: float) -> Float[Tensor, "batch d_vocab"]:
+    # Same ops as HF (ascending sort, ``<= 1 - top_p``): which of several tied tokens at the nucleus edge is
+    # dropped depends on the sort order, so anything else would disagree with HF on ties.
+    sorted_scores, sorted_indices = torch.sort(scores, descending=False)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    sorted_remove = cumulative <= (1 - top_p)
+    sorted_remove[..., -1:] = False
+    remove = sorted_remove.scatter(-1, sorted_indices, sorted_remove)
+    return scores.masked_fill(remove, _FILTER_VALUE)
+
+
+def _min_p(scores: Float[Tensor, "batch d_vocab"], min_p: float) -> Float[Tensor, "batch d_vocab"]:
+    probs = torch.softmax(scores, dim=-1)
+    # min_p <= 1 keeps the top token (x * min_p <= x in floating point too), so unlike HF no explicit
+    # min_tokens_to_keep guard is needed.
+    remove = probs < min_p * probs.amax(dim=-1, keepdim=True)
+    return scores.masked_fill(remove, _FILTER_VALUE)
+
+
+def _typical(scores: Float[Tensor, "batch d_vocab"], mass: float) -> Float[Tensor, "batch d_vocab"]:
+    log_probs = torch.log_softmax(scores, dim=-1)
+    # nansum: removed tokens contribute -inf * 0 = nan, which must count as zero entropy.
+    entropy = -(log_probs * log_probs.exp()).nansum(-1, keepdim=True)
+    surprise_gap = (-log_probs - entropy).abs()
+    sorted_gap, sorted_indices = torch.sort(surprise_gap, descending=False)
+    cumulative = scores.gather(-1, sorted_indices).softmax(dim=-1).cumsum(dim=-1)
+    last_kept = (cumulative < mass).sum(dim=-1, keepdim=True).clamp_(max=scores.shape[-1] - 1)
+    sorted_remove = sorted_gap > sorted_gap.gather(-1, last_kept)
+    sorted_remove[..., :1] = False
+    remove = sorted_remove.scatter(-1, sorted_indices, sorted_remove)
+    return scores.masked_fill(remove, _FILTER_VALUE)
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass, but `top_k=True` is a bug in the caller, not a request for k=1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
