@@ -5,10 +5,10 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors  # noqa: E402
-from transformers import (  # noqa: E402
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import (
     AutoModelForCausalLM,
     Gemma2Config,
     GPT2Config,
@@ -22,7 +22,7 @@ from transformers import (  # noqa: E402
     Qwen3Config,
 )
 
-from transformer_bridge import TransformerBridge  # noqa: E402
+from transformer_bridge import TransformerBridge
 
 # Distinct sizes so a swapped axis fails loudly: vocab 99, d_model 32, d_mlp 37, 4 heads, 2 kv heads.
 V, D, M, H, KV, L = 99, 32, 37, 4, 2, 2

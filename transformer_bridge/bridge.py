@@ -420,7 +420,8 @@ class TransformerBridge(nn.Module, HookRegistry):
                 target.backward()
                 logits = logits.detach()
             else:
-                with torch.inference_mode():
+                # no_grad, not inference_mode: inference tensors cannot meet parameters in autograd later.
+                with torch.no_grad():
                     logits = self._forward_tokens(tokens, mask)
         cache = ActivationCache(store.tensors, self, attention_mask=mask.to(device or mask.device))
         return logits, (cache.remove_batch_dim() if remove_batch_dim else cache)

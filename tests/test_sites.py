@@ -1,0 +1,281 @@
+"""Every kind of hook point: edits propagate like a manual computation, backward hooks see the gradient."""
+
+import pytest
+import torch
+from conftest import FAMILIES, V, make_bridge
+
+from transformer_bridge.sites import get_module
+
+TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(3))
+LAYER, HEAD = 1, 2
+
+
+def _manual(model, path, fn, pre=False):
+    """Logits with a plain torch hook on an HF module (the oracle)."""
+    module = get_module(model.hf_model, path)
+    if pre:
+        handle = module.register_forward_pre_hook(lambda m, args: (fn(args[0]), *args[1:]))
+    else:
+        handle = module.register_forward_hook(
+            lambda m, args, out: (fn(out[0]), *out[1:]) if isinstance(out, tuple) else fn(out)
+        )
+    try:
+        with torch.no_grad():
+            return model.hf_model(TOKENS).logits
+    finally:
+        handle.remove()
+
+
+def _hooked(model, name, fn):
+    with torch.no_grad():
+        return model.run_with_hooks(TOKENS, fwd_hooks=[(name, fn)])
+
+
+def _block(model, rel):
+    return f"{model.adapter.blocks}.{LAYER}.{rel}"
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    return make_bridge(request.param)
+
+
+def test_zero_head_in_hook_z_equals_zeroing_o_proj_input(model):
+    d = model.cfg.d_head
+
+    def zero_slice(x):
+        x = x.clone()
+        x[..., HEAD * d : (HEAD + 1) * d] = 0
+        return x
+
+    def zero_head(z, hook):
+        z = z.clone()
+        z[:, :, HEAD] = 0
+        return z
+
+    expected = _manual(model, _block(model, model.adapter.o_proj), zero_slice, pre=True)
+    assert torch.equal(_hooked(model, f"blocks.{LAYER}.attn.hook_z", zero_head), expected)
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_qkv_edit_equals_editing_projection_output(model, which):
+    a = model.adapter
+    n = model.cfg.n_heads if which == "q" else model.cfg.n_kv_heads
+    d = model.cfg.d_head
+
+    def scale_head(x, hook):
+        x = x.clone()
+        x[:, :, 0] *= 3.0
+        return x
+
+    if a.qkv is None:
+        def manual(out):
+            out = out.view(*out.shape[:-1], n, d).clone()
+            out[:, :, 0] *= 3.0
+            return out.flatten(-2)
+        expected = _manual(model, _block(model, getattr(a, which)), manual)
+    elif a.qkv_layout == "per_head":
+        j = "qkv".index(which)
+        def manual(out):
+            out = out.view(*out.shape[:-1], n, 3 * d).clone()
+            out[:, :, 0, j * d : (j + 1) * d] *= 3.0
+            return out.flatten(-2)
+        expected = _manual(model, _block(model, a.qkv), manual)
+    else:
+        nh, nk = model.cfg.n_heads, model.cfg.n_kv_heads
+        start = {"q": 0, "k": nh * d, "v": (nh + nk) * d}[which]
+        def manual(out):
+            out = out.clone()
+            out[..., start : start + d] *= 3.0
+            return out
+        expected = _manual(model, _block(model, a.qkv), manual)
+    got = _hooked(model, f"blocks.{LAYER}.attn.hook_{which}", scale_head)
+    assert not torch.equal(got, model.hf_model(TOKENS).logits)
+    _close(got, expected)
+
+
+@pytest.mark.parametrize(
+    ("name", "path_attr", "pre"),
+    [("hook_resid_pre", None, True), ("hook_resid_post", None, False), ("hook_attn_out", "attn_out", False),
+     ("hook_mlp_out", "mlp_out", False), ("mlp.hook_post", "mlp_down", True), ("mlp.hook_pre", "mlp_in", False)],
+)  # fmt: skip
+def test_residual_and_mlp_edits_equal_manual_module_hooks(model, name, path_attr, pre):
+    if name == "mlp.hook_pre" and model.adapter.fused_gate_up:
+        pytest.skip("fused gate/up: covered by test_gate_up_parts")
+    delta = torch.linspace(-1, 1, model.cfg.d_mlp if "mlp.hook" in name else model.cfg.d_model)
+    path = _block(model, getattr(model.adapter, path_attr)) if path_attr else f"{model.adapter.blocks}.{LAYER}"
+    expected = _manual(model, path, lambda x: x + delta, pre=pre)
+    _close(_hooked(model, f"blocks.{LAYER}.{name}", lambda x, hook: x + delta), expected)
+
+
+def test_gate_up_parts(model):
+    if not model.cfg.gated_mlp:
+        pytest.skip("not a gated MLP")
+    zero = lambda x, hook: x * 0  # noqa: E731
+    post_zero = _hooked(model, f"blocks.{LAYER}.mlp.hook_post", zero)
+    # act(0) = 0 for SiLU/GELU, and gate * 0 = 0: both zero the MLP's hidden activation.
+    _close(_hooked(model, f"blocks.{LAYER}.mlp.hook_pre", zero), post_zero)
+    _close(_hooked(model, f"blocks.{LAYER}.mlp.hook_pre_linear", zero), post_zero)
+
+
+def test_resid_mid_edit_equals_attn_out_edit(model):
+    if model.cfg.parallel_attn_mlp:
+        pytest.skip("parallel attention and MLP have no resid_mid")
+    delta = torch.linspace(-1, 1, model.cfg.d_model)
+    add = lambda x, hook: x + delta  # noqa: E731
+    _close(_hooked(model, f"blocks.{LAYER}.hook_resid_mid", add), _hooked(model, f"blocks.{LAYER}.hook_attn_out", add))
+
+
+def test_resid_mid_value(model):
+    if model.cfg.parallel_attn_mlp:
+        pytest.skip("parallel attention and MLP have no resid_mid")
+    _, cache = model.run_with_cache(TOKENS)
+    mid = cache["resid_mid", LAYER]
+    assert torch.equal(mid, cache["resid_pre", LAYER] + cache["attn_out", LAYER])
+    ln2_in = {}
+    norm = get_module(model.hf_model, _block(model, model.adapter.ln2))
+    h = norm.register_forward_hook(lambda m, args, out: ln2_in.setdefault("x", args[0]))
+    with torch.no_grad():
+        model.hf_model(TOKENS)
+    h.remove()
+    _close(mid, ln2_in["x"].view_as(mid))
+
+
+@pytest.mark.parametrize("ln", ["ln1", "ln2", "ln_final"])
+def test_norm_scale_and_normalized(model, ln):
+    prefix = "ln_final" if ln == "ln_final" else f"blocks.{LAYER}.{ln}"
+    path = model.adapter.ln_final if ln == "ln_final" else _block(model, getattr(model.adapter, ln))
+    norm = get_module(model.hf_model, path)
+    bias = getattr(norm, "bias", None)
+    bias = torch.zeros(()) if bias is None else bias.detach()
+    # Doubling the scale halves the weighted part of the output; the bias stays.
+    expected = _manual(model, path, lambda out: (out - bias) / 2 + bias)
+    _close(_hooked(model, f"{prefix}.hook_scale", lambda s, hook: s * 2), expected)
+    _close(_hooked(model, f"{prefix}.hook_normalized", lambda n, hook: n / 2), expected)
+    # The cached values reproduce the module's output.
+    _, cache = model.run_with_cache(TOKENS, names_filter=lambda n: n.startswith(prefix))
+    scale, normalized = cache[f"{prefix}.hook_scale"], cache[f"{prefix}.hook_normalized"]
+    assert scale.shape == (*TOKENS.shape, 1)
+    weight = model.ln_final_weight if ln == "ln_final" else (
+        1 + norm.weight if model.adapter.norm == "rms_one_plus" else norm.weight)  # fmt: skip
+    out = {}
+    h = norm.register_forward_hook(lambda m, a, o: out.setdefault("y", o))
+    with torch.no_grad():
+        model.hf_model(TOKENS)
+    h.remove()
+    _close(normalized * weight + bias, out["y"].view_as(normalized))
+
+
+def test_pattern_edit_equals_z_from_values(model):
+    """Replacing the pattern of one head equals writing pattern @ v into hook_z by hand."""
+    _, cache = model.run_with_cache(TOKENS, names_filter=lambda n: n.startswith(f"blocks.{LAYER}.attn"))
+    pos = TOKENS.shape[1]
+    uniform = torch.tril(torch.ones(pos, pos)) / torch.arange(1, pos + 1)[:, None]
+
+    def set_pattern(p, hook):
+        p = p.clone()
+        p[:, HEAD] = uniform
+        return p
+
+    v = cache["v", LAYER]  # [b, pos, kv_head, d]
+    kv_head = HEAD // (model.cfg.n_heads // model.cfg.n_kv_heads)
+    z = cache["z", LAYER].clone()
+    z[:, :, HEAD] = torch.einsum("qk,bkd->bqd", uniform, v[:, :, kv_head])
+    expected = _hooked(model, f"blocks.{LAYER}.attn.hook_z", lambda x, hook: z)
+    _close(_hooked(model, f"blocks.{LAYER}.attn.hook_pattern", set_pattern), expected)
+
+    # Scores set to 0 where attention is allowed (masked entries kept) give the same uniform pattern.
+    def flat_scores(s, hook):
+        s = s.clone()
+        s[:, HEAD] = torch.where(uniform > 0, 0.0, s[:, HEAD])
+        return s
+
+    _close(_hooked(model, f"blocks.{LAYER}.attn.hook_attn_scores", flat_scores), expected)
+
+
+def test_rotated_q_edit_scales_scores(model):
+    if "blocks.0.attn.hook_rot_q" not in model.hook_dict:
+        pytest.skip("no rotary embedding")
+    if getattr(model.hf_model.config, "attn_logit_softcapping", None):
+        pytest.skip("soft-capping makes scores non-linear in q")
+    minimum = torch.finfo(torch.float32).min
+    scaled = _hooked(model, f"blocks.{LAYER}.attn.hook_rot_q", lambda q, hook: q * 2)
+    expected = _hooked(
+        model, f"blocks.{LAYER}.attn.hook_attn_scores", lambda s, hook: torch.where(s > minimum, s * 2, s)
+    )
+    _close(scaled, expected)
+    # Scaling rotated keys of the kv-heads does the same.
+    _close(_hooked(model, f"blocks.{LAYER}.attn.hook_rot_k", lambda k, hook: k * 2), expected)
+
+
+def test_head_results_sum_and_edit(model):
+    _, cache = model.run_with_cache(TOKENS, names_filter=lambda n: n.startswith(f"blocks.{LAYER}.attn.hook_"))
+    o_proj = get_module(model.hf_model, _block(model, model.adapter.o_proj))
+    bias = o_proj.bias if getattr(o_proj, "bias", None) is not None else 0
+    result = cache["result", LAYER]
+    assert result.shape == (*TOKENS.shape, model.cfg.n_heads, model.cfg.d_model)
+    out = {}
+    h = o_proj.register_forward_hook(lambda m, a, o: out.setdefault("y", o))
+    with torch.no_grad():
+        model.hf_model(TOKENS)
+    h.remove()
+    _close(result.sum(-2) + bias, out["y"])
+
+    def zero_result(r, hook):
+        r = r.clone()
+        r[:, :, HEAD] = 0
+        return r
+
+    def zero_z(z, hook):
+        z = z.clone()
+        z[:, :, HEAD] = 0
+        return z
+
+    _close(_hooked(model, f"blocks.{LAYER}.attn.hook_result", zero_result),
+           _hooked(model, f"blocks.{LAYER}.attn.hook_z", zero_z))  # fmt: skip
+
+
+def test_embed_edits(model):
+    delta = torch.linspace(-1, 1, model.cfg.d_model)
+    expected = _manual(model, model.adapter.embed, lambda x: x + delta)
+    _close(_hooked(model, "hook_embed", lambda x, hook: x + delta), expected)
+    if model.adapter.pos_embed:
+        expected = _manual(model, model.adapter.pos_embed, lambda x: x + delta)
+        _close(_hooked(model, "hook_pos_embed", lambda x, hook: x + delta), expected)
+
+
+def test_backward_hooks_on_every_point(model):
+    """A backward hook on each point receives d(loss)/d(activation), checked against retain_grad."""
+    names = list(model.hook_dict)
+    captured, grads = {}, {}
+
+    def keep(x, hook):
+        x = x.clone().requires_grad_(True) if not x.requires_grad else x.clone()
+        x.retain_grad()
+        captured[hook.name] = x
+        return x
+
+    def grab(g, hook):
+        grads[hook.name] = g
+
+    with model.hooks(fwd_hooks=[(n, keep) for n in names], bwd_hooks=[(n, grab) for n in names]):
+        model(TOKENS, return_type="loss").backward()
+    model.hf_model.zero_grad()
+    assert set(grads) == set(names)
+    for name in names:
+        assert grads[name].shape == captured[name].shape, name
+        _close(grads[name], captured[name].grad)
+
+
+def test_backward_hook_can_replace_gradient(model):
+    seen = {}
+    zero = lambda g, hook: torch.zeros_like(g)  # noqa: E731
+    grab = lambda g, hook: seen.setdefault("embed", g)  # noqa: E731
+    with model.hooks(bwd_hooks=[("blocks.0.hook_resid_pre", zero), ("hook_embed", grab)]):
+        model(TOKENS, return_type="loss").backward()
+    model.hf_model.zero_grad()
+    assert seen["embed"].abs().max() == 0  # the replaced gradient is what flows further back
