@@ -37,7 +37,7 @@ def test_string_and_list_inputs(bridge):
 
 def test_left_padded_batch_rows_equal_single_runs(bridge):
     texts = ["Hi", "The capital of France is", "abc def"]
-    tokens, mask = bridge.to_tokens(texts)
+    _, mask = bridge.to_tokens(texts)
     assert (mask[:, -1] == 1).all() and mask[0, 0] == 0  # left padding
     with torch.no_grad():
         batch = bridge(texts)

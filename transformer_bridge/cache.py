@@ -65,7 +65,7 @@ def expand_key(key: Any, valid: Mapping[str, Any] | Sequence[str], n_layers: int
     elif isinstance(key, str):
         if key in valid:
             return key
-        name = get_act_name(key) if key in _SHORT and _SHORT[key] in ("", "norm") else key
+        name = get_act_name(key) if key in _SHORT else key
     else:
         raise KeyError(f"Cache keys are str or tuple, got {type(key).__name__}.")
     if name not in valid:
