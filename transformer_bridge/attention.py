@@ -73,10 +73,13 @@ def _original_function(original: str, module: nn.Module) -> Callable:
 
 def _make_attention(original: str) -> Callable:
     def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
+        fn = _original_function(original, module)
         points = _HOOKED.get(module)
         if points is None:
-            return _original_function(original, module)(module, query, key, value, attention_mask, **kwargs)
-        return hooked_attention(module, query, key, value, attention_mask, points, **kwargs)
+            return fn(module, query, key, value, attention_mask, **kwargs)
+        edited = hooked_attention(module, query, key, value, attention_mask, points, **kwargs)
+        # Hooks that only read leave the output to the original kernel, so caching stays bitwise exact.
+        return fn(module, query, key, value, attention_mask, **kwargs) if edited is None else edited
 
     attention.__name__ = f"{PREFIX}{original}_attention"
     return attention
@@ -102,20 +105,24 @@ def hooked_attention(
     dropout: float = 0.0,
     softcap: float | None = None,
     **_: object,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor] | None:
     """Explicit attention exposing rotated q/k, masked scores and the pattern to hooks.
 
     Shapes follow HF: ``query [b, head, q, d]``, ``key/value [b, kv_head, kv, d]`` (the KV cache
-    already updated), returns ``([b, q, head, d], pattern)``.
+    already updated). Returns ``([b, q, head, d], pattern)``, or None when no hook changed anything
+    (no edit, no backward hook), in which case the caller runs the original kernel.
     """
     n_q, n_kv = query.shape[2], key.shape[2]
-    query = _run_heads_last(points.rot_q, query)
+    new_query = _run_heads_last(points.rot_q, query)
+    edited = new_query is not query
+    query = new_query
     if points.rot_k is not None and points.rot_k.active:
         # Hooks see only the new positions; an edit is written into the key tensor, which is the
         # KV cache's own storage during decoding, so it persists like an edit made at prefill.
         fresh = key[:, :, n_kv - n_q :]
         new = _run_heads_last(points.rot_k, fresh)
         if new is not fresh:
+            edited = True
             if torch.is_grad_enabled() and (key.requires_grad or new.requires_grad):
                 key = torch.cat([key[:, :, : n_kv - n_q], new], dim=2)
             else:
@@ -131,10 +138,16 @@ def hooked_attention(
         scores = torch.tanh(scores / softcap) * softcap
     scores = _apply_mask(scores, attention_mask, n_q, n_kv)
     if points.scores.active:
-        scores = points.scores.run(scores)
+        new_scores = points.scores.run(scores)
+        edited |= new_scores is not scores
+        scores = new_scores
     pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     if points.pattern.active:
-        pattern = points.pattern.run(pattern)
+        new_pattern = points.pattern.run(pattern)
+        edited |= new_pattern is not pattern
+        pattern = new_pattern
+    if not edited:
+        return None
     if dropout and module.training:
         pattern = nn.functional.dropout(pattern, p=dropout, training=True)
     out = torch.matmul(pattern, value).transpose(1, 2).contiguous()

@@ -1,0 +1,50 @@
+"""SmolLM2-135M-Instruct through the bridge: exact logits, the expected completion, hooks within tolerance."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.real
+
+PROMPT = "The capital of France is"
+
+
+def test_logits_bitwise_equal_hf(smollm2):
+    tokens, _ = smollm2.to_tokens(PROMPT)
+    with torch.no_grad():
+        assert torch.equal(smollm2(PROMPT), smollm2.hf_model(tokens).logits)
+
+
+def test_greedy_continues_with_paris(smollm2):
+    tokens, _ = smollm2.to_tokens(PROMPT)
+    with torch.no_grad():
+        for _ in range(3):
+            nxt = smollm2(tokens)[0, -1].argmax()
+            tokens = torch.cat([tokens, nxt.view(1, 1)], dim=1)
+    assert smollm2.to_string(tokens[0]).startswith(PROMPT + " Paris")
+
+
+def test_all_hooks_within_tolerance_and_cache_once(smollm2):
+    tokens, _ = smollm2.to_tokens(PROMPT)
+    with torch.no_grad():
+        ref = smollm2.hf_model(tokens).logits
+    logits, cache = smollm2.run_with_cache(PROMPT)
+    # Reading hooks leave every output to HF's own kernels: caching everything is bitwise exact.
+    assert torch.equal(logits, ref)
+    n = smollm2.cfg.n_layers
+    assert len(cache) == len(smollm2.hook_dict) == 3 + 21 * n  # embed, ln_final (2) + 21 per block
+    # Editing hooks (a clone counts as an edit) take the explicit attention path.
+    with torch.no_grad():
+        edited = smollm2.run_with_hooks(PROMPT, fwd_hooks=[(lambda n: True, lambda x, hook: x.clone())])
+    assert (edited - ref).abs().max() <= 1e-4
+    # resid_post[l] and resid_pre[l+1] are one tensor (n - 1 pairs), and so are hook_embed and resid_pre[0].
+    distinct = {t.untyped_storage().data_ptr() for t in cache.values()}
+    assert len(distinct) == len(cache) - n
+
+
+def test_padded_batch_rows_match_single(smollm2):
+    prompts = [PROMPT, "Hello"]
+    with torch.no_grad():
+        batch = smollm2(prompts)
+        for i, p in enumerate(prompts):
+            alone = smollm2(p)[0]
+            torch.testing.assert_close(batch[i, -alone.shape[0] :], alone, atol=1e-4, rtol=1e-4)
