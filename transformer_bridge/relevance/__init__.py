@@ -1,0 +1,152 @@
+"""Relevance: explain generated tokens from one cache and one recomputed forward.
+
+Two steps: ``run = model.forward_pass(input, max_new_tokens=...)`` generates and keeps the tokens and
+the cache; ``run.relevance_pass(token_indices, method=..., target=...)`` explains chosen generated
+tokens, as often as wanted, without regenerating. ``model.relevance(run_or_cache, ...)`` is the
+same in one call. Methods (see `METHODS`): ``attnlrp`` (default), ``cp_lrp``, ``grad_x_input``,
+``integrated_gradients``, ``grad_norm``, ``attention``, ``random``, ``dla``, ``logit_lens``,
+``attribution_patching``. Everything runs through the bridge's hook points; no model code is changed.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from ..cache import ActivationCache
+from .cache_access import MissingHookError
+from .methods import METHODS, explain, get_method, method_options, relevance_hooks
+from .patching import attribution_patching
+from .result import Relevance, StepRelevance
+from .run import ClearedRunError, RelevanceRun
+from .targets import ExplainedToken, Target, explained_from_positions
+
+if TYPE_CHECKING:
+    from ..bridge import TransformerBridge
+
+NamesFilter = None | str | Sequence[str] | Callable[[str], bool]
+
+
+class RelevanceMixin:
+    """Adds `forward_pass` (generate and keep what explaining needs) and `relevance` to the bridge."""
+
+    def forward_pass(
+        self: "TransformerBridge",
+        input: Any,
+        max_new_tokens: int = 20,
+        names_filter: NamesFilter = None,
+        device: str | torch.device | None = "cpu",
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        **generate_kwargs: Any,
+    ) -> RelevanceRun:
+        """Generate (KV-cached, every decoding control of `generate`) and keep tokens and cache.
+
+        The cache of prompt + output is stored on ``device`` (CPU by default, to spare accelerator
+        memory); ``names_filter`` limits it (``relevance_hooks(model, "dla")`` gives what a cache
+        method needs; gradient methods need no cache at all).
+
+        Example:
+            >>> run = model.forward_pass("The capital of France is", max_new_tokens=8, temperature=0)
+            >>> rel = run.relevance_pass(token_indices=[0, 4])
+        """
+        generate = getattr(self, "generate", None)
+        if generate is None:
+            raise NotImplementedError(
+                "`forward_pass` needs `model.generate` (transformer_bridge.generation). Without it, build a "
+                "RelevanceRun from your own tokens: RelevanceRun(model, sequences, attention_mask, prompt_width)."
+            )
+        tokens, mask = self.prepare_input(input, attention_mask)
+        output, cache = generate(
+            tokens,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            return_cache=True,
+            names_filter=names_filter,
+            device=device,
+            return_dict=True,
+            **generate_kwargs,
+        )
+        sequences = getattr(output, "sequences", output)
+        full_mask = cache.attention_mask
+        if full_mask is None:
+            full_mask = getattr(output, "attention_mask", None)
+        return RelevanceRun(self, sequences, full_mask, tokens.shape[1], cache=cache, output=output)
+
+    def relevance(
+        self: "TransformerBridge",
+        cache_or_run: "RelevanceRun | ActivationCache | tuple",
+        method: str = "attnlrp",
+        token_indices: Sequence[int] | int | None = None,
+        target: Any = "logit",
+        tokens: Int[Tensor, "batch pos"] | None = None,
+        **method_kwargs: Any,
+    ) -> Relevance:
+        """Explain generated tokens from a `RelevanceRun`, a ``(output, cache)`` pair from
+        ``generate(..., return_cache=True)``, or a generation cache plus its ``tokens``.
+
+        Example:
+            >>> out, cache = model.generate(tokens, max_new_tokens=8, return_cache=True)
+            >>> rel = model.relevance((out, cache), method="dla", token_indices=[0])
+        """
+        run = self._relevance_run(cache_or_run, tokens)
+        return run.relevance_pass(token_indices, method=method, target=target, **method_kwargs)
+
+    def _relevance_run(self: "TransformerBridge", cache_or_run: Any, tokens: Tensor | None) -> RelevanceRun:
+        if isinstance(cache_or_run, RelevanceRun):
+            return cache_or_run
+        output = None
+        if isinstance(cache_or_run, tuple) and len(cache_or_run) == 2:
+            output, cache_or_run = cache_or_run
+            tokens = getattr(output, "sequences", output) if tokens is None else tokens
+        if not isinstance(cache_or_run, ActivationCache):
+            raise TypeError(
+                "`cache_or_run` must be a RelevanceRun (from `model.forward_pass`), the (output, cache) pair of "
+                f"`generate(..., return_cache=True)`, or an ActivationCache with `tokens=`; got "
+                f"{type(cache_or_run).__name__}."
+            )
+        if tokens is None:
+            raise ValueError(
+                "An ActivationCache alone does not hold the token ids; pass `tokens=` (the generated sequences) "
+                "or the (output, cache) pair."
+            )
+        tokens = tokens[None] if tokens.dim() == 1 else tokens
+        return RelevanceRun(
+            self, tokens, cache_or_run.attention_mask, prompt_width(cache_or_run, tokens), cache_or_run, output
+        )
+
+
+def prompt_width(cache: ActivationCache, tokens: Int[Tensor, "batch pos"]) -> int:
+    """The column where generation starts, from the cache's ``prompt_lengths`` and left-padded mask."""
+    lengths = cache.prompt_lengths
+    if lengths is None:
+        raise ValueError(
+            "The cache has no `prompt_lengths`, so the generated part is unknown. Use a cache from "
+            "`generate(..., return_cache=True)`, or `model.forward_pass` to build a RelevanceRun."
+        )
+    mask = cache.attention_mask if cache.attention_mask is not None else torch.ones_like(tokens)
+    first_real = mask.long().argmax(-1).cpu()
+    widths = (first_real + lengths.cpu().long()).unique()
+    if widths.numel() != 1:
+        raise ValueError(f"The prompts do not end at one column (left padding expected); ends: {widths.tolist()}.")
+    return int(widths)
+
+
+__all__ = [
+    "METHODS",
+    "ClearedRunError",
+    "ExplainedToken",
+    "MissingHookError",
+    "Relevance",
+    "RelevanceMixin",
+    "RelevanceRun",
+    "StepRelevance",
+    "Target",
+    "attribution_patching",
+    "explain",
+    "explained_from_positions",
+    "get_method",
+    "method_options",
+    "relevance_hooks",
+]

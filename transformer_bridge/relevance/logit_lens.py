@@ -1,0 +1,67 @@
+"""`logit_lens`: the explained token's probability and rank after every layer.
+
+What it computes: each cached ``blocks.L.hook_resid_post`` at the predicting position is passed
+through the model's own final norm (its scale recomputed from that residual, not the cached final
+one) and unembedding (and Gemma 2's soft-cap). ``scores`` holds the token's probability per layer;
+``extras["rank"]`` its rank (0 = top) and ``extras["target"]`` the target per layer. The last layer
+reproduces the model's output distribution. Cost: ``n_layers`` unembeddings of the explained rows.
+"""
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from ..cache import ActivationCache
+from ..sites import get_module
+from .cache_access import require
+from .result import MethodOutput
+from .targets import ExplainedToken, Target
+
+if TYPE_CHECKING:
+    from ..bridge import TransformerBridge
+
+
+def logit_lens_hooks(model: "TransformerBridge") -> list[str]:
+    """The hook points `logit_lens` reads from the cache."""
+    return [f"blocks.{layer}.hook_resid_post" for layer in range(model.cfg.n_layers)]
+
+
+@torch.no_grad()
+def logit_lens(
+    model: "TransformerBridge",
+    tokens: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"],
+    explained: Sequence[ExplainedToken],
+    target: Target,
+    cache: ActivationCache | None = None,
+) -> MethodOutput:
+    """Probability (``scores``), rank and target of each explained token after each layer.
+
+    Example:
+        >>> out = logit_lens(model, tokens, mask, explained, Target(), cache)
+        >>> out.extras["rank"][:, -1]   # 0 for greedy tokens
+    """
+    names = logit_lens_hooks(model)
+    acts = require(cache, names, "logit_lens")
+    rows = torch.tensor([e.batch_index for e in explained])
+    cols = torch.tensor([e.logit_position for e in explained])
+    ids = torch.tensor([e.token_id for e in explained], device=model.device)
+    norm = get_module(model.hf_model, model.adapter.ln_final)
+    unembed = model.hf_model.get_output_embeddings()
+    cap = getattr(model.hf_model.config, "final_logit_softcapping", None)
+    probs, ranks, values = [], [], []
+    for name in names:
+        resid = acts[name][rows.to(acts[name].device), cols.to(acts[name].device)].to(model.device)
+        logits = unembed(norm(resid[:, None]))[:, 0].float()
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        picked = logits.gather(-1, ids[:, None])
+        probs.append(logits.softmax(-1).gather(-1, ids[:, None])[:, 0])
+        ranks.append((logits > picked).sum(-1))
+        values.append(target(logits, ids).float())
+    extras = {"rank": torch.stack(ranks, 1).cpu(), "target": torch.stack(values, 1).cpu()}
+    labels = [f"L{layer}" for layer in range(model.cfg.n_layers)]
+    return MethodOutput(torch.stack(probs, 1).cpu(), kind="layers", labels=labels, extras=extras)

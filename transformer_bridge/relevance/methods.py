@@ -1,0 +1,132 @@
+"""The method registry and `explain`, the one entry point every API path goes through."""
+
+import difflib
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from ..cache import ActivationCache
+from . import baselines, dla, gradients, logit_lens, lrp, patching
+from .result import MethodOutput, Relevance
+from .targets import ExplainedToken, parse_target
+
+if TYPE_CHECKING:
+    from ..bridge import TransformerBridge
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered method: its function, the cache hook points it reads, and a one-line summary."""
+
+    fn: Callable[..., MethodOutput]
+    summary: str
+    reads: Callable[..., list[str]] | None = None
+
+
+METHODS: dict[str, Method] = {
+    "attnlrp": Method(lrp.attnlrp, "attention-aware LRP (gradient × input with AttnLRP rules)"),
+    "cp_lrp": Method(lrp.cp_lrp, "conservative LRP: attention, gates and norm scales constant"),
+    "grad_x_input": Method(gradients.grad_x_input, "gradient × token embedding"),
+    "integrated_gradients": Method(gradients.integrated_gradients, "integrated gradients, zero baseline"),
+    "grad_norm": Method(gradients.grad_norm, "L2 norm of the gradient at each token embedding"),
+    "attention": Method(baselines.attention, "attention weights: last layer or rollout", baselines.attention_hooks),
+    "random": Method(baselines.random, "seeded uniform scores (baseline)"),
+    "dla": Method(dla.dla, "direct logit attribution per head, MLP and embedding", dla.dla_hooks),
+    "logit_lens": Method(logit_lens.logit_lens, "token probability and rank per layer", logit_lens.logit_lens_hooks),
+    "attribution_patching": Method(
+        patching.attribution_patching_method, "(clean − corrupted) × gradient per hook point"
+    ),
+}
+
+
+def get_method(name: Any) -> Method:
+    """The registered method ``name``; `ValueError` listing the valid names (and the closest) otherwise."""
+    if isinstance(name, str) and name in METHODS:
+        return METHODS[name]
+    close = difflib.get_close_matches(str(name), list(METHODS), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"`method`={name!r} does not exist.{hint} Valid methods: {', '.join(METHODS)}.")
+
+
+def relevance_hooks(model: "TransformerBridge", method: str, **method_kwargs: Any) -> list[str]:
+    """Hook points ``method`` reads from the cache; pass them as ``names_filter`` when generating.
+
+    Methods that recompute a forward (the LRP and gradient methods) read nothing and return ``[]``.
+
+    Example:
+        >>> run = model.forward_pass("Hi", max_new_tokens=4, names_filter=relevance_hooks(model, "dla"))
+    """
+    spec = get_method(method)
+    if spec.reads is None:
+        return []
+    accepted = set(inspect.signature(spec.reads).parameters) - {"model"}
+    return spec.reads(model, **{k: v for k, v in method_kwargs.items() if k in accepted})
+
+
+def method_options(name: str) -> list[str]:
+    """The extra keyword arguments ``name`` accepts (e.g. ``steps`` for integrated gradients)."""
+    params = list(inspect.signature(get_method(name).fn).parameters)
+    return [p for p in params if p not in ("model", "tokens", "attention_mask", "explained", "target", "cache")]
+
+
+def explain(
+    model: "TransformerBridge",
+    tokens: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"] | None,
+    explained: Sequence[ExplainedToken],
+    method: str = "attnlrp",
+    target: Any = "logit",
+    cache: ActivationCache | None = None,
+    **method_kwargs: Any,
+) -> Relevance:
+    """Explain ``explained`` tokens of ``tokens`` with ``method``: the common path of every API.
+
+    Example:
+        >>> from transformer_bridge.relevance import explain, explained_from_positions
+        >>> tokens, mask = model.to_tokens("The capital of France is Paris")
+        >>> rel = explain(model, tokens, mask, explained_from_positions(tokens, mask, [(0, tokens.shape[1] - 1)]))
+        >>> rel[0].top(3)
+    """
+    spec = get_method(method)
+    options = method_options(method)
+    unknown = [k for k in method_kwargs if k not in options]
+    if unknown:
+        raise TypeError(
+            f"Method {method!r} got unknown option(s) {unknown}; it accepts {options or 'no options'}."
+        )
+    if not explained:
+        raise ValueError("Nothing to explain: the list of tokens to explain is empty.")
+    spec_target = parse_target(target, model)
+    tokens = tokens.to(model.device)
+    mask = torch.ones_like(tokens) if attention_mask is None else attention_mask.to(model.device).long()
+    start = time.perf_counter()
+    out = spec.fn(model, tokens, mask, list(explained), spec_target, cache, **method_kwargs)
+    seconds = time.perf_counter() - start
+    tokens_cpu, mask_cpu = tokens.detach().cpu(), mask.detach().cpu()
+    return Relevance(
+        method=method,
+        target=str(spec_target),
+        kind=out.kind,
+        scores=out.scores.detach().cpu(),
+        explained=list(explained),
+        tokens=tokens_cpu,
+        attention_mask=mask_cpu,
+        str_tokens=_str_tokens(model, tokens_cpu),
+        values=None if out.values is None else out.values.detach().cpu(),
+        conservation_error=None if out.conservation_error is None else out.conservation_error.detach().cpu(),
+        labels=out.labels,
+        extras=out.extras,
+        seconds=seconds,
+    )
+
+
+def _str_tokens(model: "TransformerBridge", tokens: Tensor) -> list[list[str]]:
+    if model.tokenizer is None:
+        return [[str(t) for t in row.tolist()] for row in tokens]
+    return [model.to_str_tokens(row) for row in tokens]
