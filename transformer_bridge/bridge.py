@@ -1,5 +1,6 @@
 """`TransformerBridge`: TransformerLens-named hook points on an unmodified HF causal LM."""
 
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -99,7 +100,14 @@ class TransformerBridge(nn.Module, HookRegistry):
         hf_model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **hf_kwargs)
         if tokenizer is None:
             tok_kwargs = {k: v for k, v in hf_kwargs.items() if k in ("gguf_file", "revision", "trust_remote_code")}
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path, **tok_kwargs)
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(name_or_path, **tok_kwargs)
+            except (OSError, ValueError) as e:
+                warnings.warn(
+                    f"No tokenizer could be loaded from {name_or_path!r} ({e}); the bridge takes token ids only. "
+                    "Pass `tokenizer=` to use text.",
+                    stacklevel=2,
+                )
         if device is not None:
             hf_model.to(device)
         return cls(hf_model.eval(), tokenizer)
