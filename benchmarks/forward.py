@@ -57,7 +57,7 @@ def bench(label: str, hf_model, tokens: torch.Tensor, repeats: int) -> None:
     mb = cache.nbytes() / 2**20
     naive_mb = sum(t.numel() * t.element_size() for t in cache.values()) / 2**20
     print(f"\n{label}: batch {tokens.shape[0]}, {tokens.shape[1]} tokens, {len(cache)} cached hook points")
-    print(f"| variant | median ms | ratio to raw HF |\n|---|---:|---:|")
+    print("| variant | median ms | ratio to raw HF |\n|---|---:|---:|")
     base = med["raw HF"]
     for name, t in med.items():
         print(f"| {name} | {t * 1e3:.2f} | {t / base:.3f}x |")

@@ -84,7 +84,7 @@ def test_unknown_name_suggests_close_matches(model):
         model.add_hook("blocks.0.hook_resid_psot", lambda x, hook: None)
     assert isinstance(info.value, UnknownHookError)
     assert "blocks.0.hook_resid_post" in str(info.value)
-    with pytest.raises(KeyError, match="attn.hook_pattern"):
+    with pytest.raises(KeyError, match=r"attn\.hook_pattern"):
         model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.0.attn.hook_patern", lambda x, hook: None)])
     assert _torch_hook_count(model) == 0
 

@@ -204,7 +204,9 @@ class TransformerBridge(nn.Module, HookRegistry):
             return tok.decode(t.reshape(-1).tolist())
         return [tok.decode(row.tolist()) for row in t]
 
-    def to_str_tokens(self, input: str | Int[Tensor, "pos"] | Sequence[int], prepend_bos: bool | None = None) -> list[str]:
+    def to_str_tokens(
+        self, input: str | Int[Tensor, "pos"] | Sequence[int], prepend_bos: bool | None = None
+    ) -> list[str]:
         """The string of each token: ``model.to_str_tokens("Hi there") == ["Hi", " there"]``."""
         tok = self._require_tokenizer()
         if isinstance(input, str):
