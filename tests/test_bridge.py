@@ -104,6 +104,8 @@ def test_hook_point_names_follow_transformerlens():
     assert {"hook_embed", "ln_final.hook_scale", "ln_final.hook_normalized"} <= names
     gpt2 = set(make_bridge("gpt2").hook_dict)
     assert "hook_pos_embed" in gpt2 and "blocks.0.attn.hook_rot_q" not in gpt2
+    _, cache = make_bridge("gpt2").run_with_cache(torch.ones(3, 5, dtype=torch.long), names_filter="hook_pos_embed")
+    assert cache["hook_pos_embed"].shape == (3, 5, 32)  # shown per row, like every other activation
     assert "blocks.0.hook_resid_mid" not in make_bridge("gpt_neox").hook_dict  # parallel attention + MLP
 
 

@@ -86,6 +86,18 @@ def identity(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
     return run("", x)
 
 
+def batch_broadcast(registry: HookRegistry) -> Callable:
+    """Position embeddings computed once for the batch ([1, pos, d]) are shown as [batch, pos, d]."""
+
+    def process(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
+        batch = registry.ctx.positions.shape[0] if registry.ctx is not None else x.shape[0]
+        shown = x.expand(batch, *x.shape[1:]) if x.shape[0] == 1 else x
+        out = run("", shown)
+        return x if out is shown else out
+
+    return process
+
+
 def heads(n_heads: int, d_head: int) -> Callable:
     """``[b, p, head * d]`` shown as ``[b, p, head, d]``."""
 
@@ -224,7 +236,7 @@ def build_sites(
 
     add("hook_embed", site(get_module(model, adapter.embed), "post", identity))
     if adapter.pos_embed:
-        add("hook_pos_embed", site(get_module(model, adapter.pos_embed), "post", identity))
+        add("hook_pos_embed", site(get_module(model, adapter.pos_embed), "post", batch_broadcast(registry)))
 
     blocks = get_module(model, adapter.blocks)
     for layer, block in enumerate(blocks):
