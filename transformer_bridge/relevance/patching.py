@@ -78,8 +78,12 @@ def _patching(
         clean_acts = {n: cache[n] for n in names}
     corrupt_acts: dict[str, Tensor] = {}
 
-    def keep(x: Tensor, hook: HookPoint) -> None:
-        corrupt_acts[hook.name] = x
+    def keep(x: Tensor, hook: HookPoint) -> Tensor:
+        # A fresh alias that the site writes back: sites show some points as views (heads split
+        # out), and a view the model never consumes would get no gradient.
+        alias = x.view_as(x)
+        corrupt_acts[hook.name] = alias
+        return alias
 
     with torch.enable_grad(), model.hooks(fwd_hooks=[(n, keep) for n in names]):
         logits = model._forward_tokens(corrupted, mask)

@@ -1,0 +1,103 @@
+"""Direct logit attribution and logit lens against the model's own logits."""
+
+import pytest
+import torch
+from _models import FAMILIES, make_bridge, random_tokens, tiny_run
+
+from transformer_bridge.relevance import relevance_hooks
+
+
+def _randomise_biases(model):
+    with torch.no_grad():  # HF initialises biases to zero; non-zero ones exercise the bias terms
+        for name, p in model.hf_model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.2)
+    return model
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    return _randomise_biases(make_bridge(request.param))
+
+
+def _logits(model, tokens, mask=None):
+    with torch.no_grad():
+        logits = model(tokens, attention_mask=mask).float()  # the bridge passes left-padding positions
+    cap = getattr(model.hf_model.config, "final_logit_softcapping", None)
+    # Gemma 2: components sum to the logit before the final soft-cap.
+    return torch.atanh(logits / cap) * cap if cap else logits
+
+
+@pytest.mark.parametrize("target", ["logit", ("logit_diff", 11)])
+def test_dla_components_sum_to_the_logit(model, target):
+    tokens = random_tokens(1, 9)
+    rel = tiny_run(model, tokens, prompt_width=5).relevance_pass(method="dla", target=target)
+    logits = _logits(model, tokens)
+    n = model.cfg.n_layers
+    has_bias = any(lbl.startswith("bias:") for lbl in rel.labels)
+    assert rel.kind == "components" and rel.scores.shape[1] == len(rel.labels)
+    assert rel.labels[0] == "embed" and "L1H3" in rel.labels and f"L{n - 1}.mlp" in rel.labels
+    assert has_bias == (model.cfg.normalization == "layernorm" or model.b_U is not None)
+    for i, step in enumerate(rel):
+        want = logits[0, step.position - 1, step.token_id]
+        if target != "logit":
+            want = want - logits[0, step.position - 1, 11]
+        assert rel.scores[i].sum().item() == pytest.approx(want.item(), abs=1e-4, rel=1e-5)
+
+
+def test_dla_heads_sum_to_attention_output_direct_effect():
+    model = make_bridge("llama")
+    tokens = random_tokens(1, 7)
+    run = tiny_run(model, tokens, prompt_width=6)
+    rel = run.relevance_pass(method="dla")
+    cache = run.cache
+    attn = cache["attn_out", 0][0, 5] / cache["ln_final.hook_scale"][0, 5]
+    direct = (attn * model.unembed_directions(int(tokens[0, 6]))).sum()
+    heads = sum(rel.scores[0, rel.labels.index(f"L0H{h}")] for h in range(4))
+    assert heads.item() == pytest.approx(direct.item(), abs=1e-5)
+
+
+def test_dla_works_on_padded_batches():
+    model = _randomise_biases(make_bridge("gpt2"))
+    tokens = random_tokens(2, 9)
+    mask = torch.ones_like(tokens)
+    mask[0, :3] = 0
+    rel = tiny_run(model, tokens, prompt_width=6, mask=mask).relevance_pass(method="dla")
+    logits = _logits(model, tokens, mask)
+    for i, step in enumerate(rel):
+        assert rel.scores[i].sum().item() == pytest.approx(
+            logits[step.batch_index, step.position - 1, step.token_id].item(), abs=1e-4
+        )
+
+
+def test_dla_rejects_logprob_target():
+    model = make_bridge("llama")
+    run = tiny_run(model, random_tokens(1, 6), prompt_width=5)
+    with pytest.raises(ValueError, match="linear read-out.*'logit'"):
+        run.relevance_pass(method="dla", target="logprob")
+
+
+def test_logit_lens_last_layer_is_the_model_output(model):
+    tokens = random_tokens(1, 8)
+    rel = tiny_run(model, tokens, prompt_width=5).relevance_pass(method="logit_lens")
+    with torch.no_grad():
+        probs = model.hf_model(tokens).logits.float().softmax(-1)
+    assert rel.kind == "layers" and rel.scores.shape == (3, model.cfg.n_layers)
+    for i, step in enumerate(rel):
+        p = probs[0, step.position - 1]
+        assert rel.scores[i, -1].item() == pytest.approx(p[step.token_id].item(), rel=1e-4, abs=1e-7)
+        assert rel.extras["rank"][i, -1] == (p > p[step.token_id]).sum()
+
+
+def test_relevance_hooks_name_what_cache_methods_read():
+    model = make_bridge("gpt2")
+    assert relevance_hooks(model, "attnlrp") == []
+    dla_names = relevance_hooks(model, "dla")
+    assert "hook_pos_embed" in dla_names and "blocks.1.attn.hook_result" in dla_names
+    assert relevance_hooks(model, "attention", mode="last") == ["blocks.1.attn.hook_pattern"]
+    tokens = random_tokens(1, 7)
+    _, cache = model.run_with_cache(tokens, names_filter=dla_names)
+    from transformer_bridge.relevance import RelevanceRun
+
+    rel = RelevanceRun(model, tokens, None, 5, cache=cache).relevance_pass(method="dla")
+    assert len(rel) == 2
