@@ -15,6 +15,7 @@ from . import attention
 from .adapters import Adapter, adapter_for
 from .cache import ActivationCache
 from .hook_points import HookContext, HookPoint, HookRegistry, NameOrFilter
+from .relevance import RelevanceMixin
 from .sites import build_sites, get_module
 
 Input = str | Sequence[str] | Tensor
@@ -39,7 +40,7 @@ class BridgeConfig:
     normalization: str
 
 
-class TransformerBridge(nn.Module, HookRegistry):
+class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin):
     """Wrap a HF causal LM and expose TransformerLens-named hook points.
 
     With no hook registered the model runs its own code: logits are bitwise those of the HF model.
