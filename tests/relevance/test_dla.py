@@ -73,7 +73,7 @@ def test_dla_works_on_padded_batches():
 def test_dla_rejects_logprob_target():
     model = make_bridge("llama")
     run = tiny_run(model, random_tokens(1, 6), prompt_width=5)
-    with pytest.raises(ValueError, match="linear read-out.*'logit'"):
+    with pytest.raises(ValueError, match=r"linear read-out.*'logit'"):
         run.relevance_pass(method="dla", target="logprob")
 
 
