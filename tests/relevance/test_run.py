@@ -22,7 +22,9 @@ def greedy_generate(model, calls):
             seqs, mask = torch.cat([seqs, nxt], 1), torch.cat([mask, torch.ones_like(nxt)], 1)
         _, cache = model.run_with_cache(seqs, names_filter=names_filter, device=device, attention_mask=mask)
         cache.prompt_lengths = attention_mask.sum(-1)
-        return SimpleNamespace(sequences=seqs), cache
+        out = SimpleNamespace(sequences=seqs, attention_mask=mask, prompt_width=tokens.shape[1],
+                              prompt_lengths=cache.prompt_lengths)  # GenerationOutput's fields  # fmt: skip
+        return out, cache
 
     return generate
 
@@ -60,8 +62,10 @@ def test_all_tokens_by_default_and_negative_indices(model):
 def test_model_relevance_accepts_run_pair_and_cache(model):
     run = model.forward_pass("Hello", max_new_tokens=3)
     by_run = model.relevance(run, method="grad_x_input", token_indices=[2])
-    pair = (SimpleNamespace(sequences=run.sequences), run.cache)
+    pair = (SimpleNamespace(sequences=run.sequences), run.cache)  # widths from the cache's prompt_lengths
     by_pair = model.relevance(pair, method="grad_x_input", token_indices=[2])
+    by_output = model.relevance((run.output, run.cache), method="grad_x_input", token_indices=[2])
+    torch.testing.assert_close(by_output.scores, by_run.scores)
     by_cache = model.relevance(run.cache, method="grad_x_input", token_indices=[2], tokens=run.sequences)
     torch.testing.assert_close(by_pair.scores, by_run.scores)
     torch.testing.assert_close(by_cache.scores, by_run.scores)

@@ -68,11 +68,7 @@ class RelevanceMixin:
             return_dict=True,
             **generate_kwargs,
         )
-        sequences = getattr(output, "sequences", output)
-        full_mask = cache.attention_mask
-        if full_mask is None:
-            full_mask = getattr(output, "attention_mask", None)
-        return RelevanceRun(self, sequences, full_mask, tokens.shape[1], cache=cache, output=output)
+        return _run_from_generation(self, output, cache, default_width=tokens.shape[1])
 
     def relevance(
         self: "TransformerBridge",
@@ -96,10 +92,11 @@ class RelevanceMixin:
     def _relevance_run(self: "TransformerBridge", cache_or_run: Any, tokens: Tensor | None) -> RelevanceRun:
         if isinstance(cache_or_run, RelevanceRun):
             return cache_or_run
-        output = None
-        if isinstance(cache_or_run, tuple) and len(cache_or_run) == 2:
-            output, cache_or_run = cache_or_run
-            tokens = getattr(output, "sequences", output) if tokens is None else tokens
+        if isinstance(cache_or_run, tuple) and len(cache_or_run) == 2 and isinstance(cache_or_run[1], ActivationCache):
+            output, cache = cache_or_run
+            if tokens is None:
+                return _run_from_generation(self, output, cache)
+            cache_or_run = cache
         if not isinstance(cache_or_run, ActivationCache):
             raise TypeError(
                 "`cache_or_run` must be a RelevanceRun (from `model.forward_pass`), the (output, cache) pair of "
@@ -112,9 +109,27 @@ class RelevanceMixin:
                 "or the (output, cache) pair."
             )
         tokens = tokens[None] if tokens.dim() == 1 else tokens
-        return RelevanceRun(
-            self, tokens, cache_or_run.attention_mask, prompt_width(cache_or_run, tokens), cache_or_run, output
+        return RelevanceRun(self, tokens, cache_or_run.attention_mask, prompt_width(cache_or_run, tokens), cache_or_run)
+
+
+def _run_from_generation(
+    model: "TransformerBridge", output: Any, cache: ActivationCache, default_width: int | None = None
+) -> RelevanceRun:
+    """A run from `generate`'s ``(output, cache)``: a `GenerationOutput` (``return_dict=True``) or the tokens."""
+    sequences = getattr(output, "sequences", output)
+    if not isinstance(sequences, Tensor):
+        raise TypeError(
+            f"Expected `generate`'s output (a GenerationOutput or a token tensor), got {type(output).__name__}; "
+            "generate with token input or return_dict=True."
         )
+    sequences = sequences[None] if sequences.dim() == 1 else sequences
+    mask = getattr(output, "attention_mask", None)
+    if mask is None:
+        mask = cache.attention_mask
+    width = getattr(output, "prompt_width", None)
+    if width is None:
+        width = default_width if default_width is not None else prompt_width(cache, sequences)
+    return RelevanceRun(model, sequences, mask, int(width), cache=cache, output=output)
 
 
 def prompt_width(cache: ActivationCache, tokens: Int[Tensor, "batch pos"]) -> int:
