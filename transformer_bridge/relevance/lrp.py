@@ -21,9 +21,10 @@ Cost: one forward plus one backward per round (one explained token per batch row
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..cache import ActivationCache
 from .backprop import backprop_scores, grad_times_input
 from .result import MethodOutput
 from .rules import Variant, lrp_hooks, softcap_identity
@@ -64,16 +65,39 @@ def lrp(
     return MethodOutput(scores, values, conservation_error=relative_gap(scores.sum(-1), values))
 
 
-def attnlrp(model, tokens, attention_mask, explained, target, cache=None) -> MethodOutput:
-    """AttnLRP (see module docstring); one forward and one backward per round."""
+def attnlrp(
+    model: "TransformerBridge",
+    tokens: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"],
+    explained: Sequence[ExplainedToken],
+    target: Target,
+    cache: ActivationCache | None = None,
+) -> MethodOutput:
+    """AttnLRP (see module docstring); one forward and one backward per round.
+
+    Example:
+        >>> out = attnlrp(model, tokens, mask, [ExplainedToken(0, 5, int(tokens[0, 5]))], Target())
+    """
     return lrp(model, tokens, attention_mask, explained, target, "attnlrp")
 
 
-def cp_lrp(model, tokens, attention_mask, explained, target, cache=None) -> MethodOutput:
-    """Conservative propagation (CP-LRP); Σ relevance = logit on bias-free families."""
+def cp_lrp(
+    model: "TransformerBridge",
+    tokens: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"],
+    explained: Sequence[ExplainedToken],
+    target: Target,
+    cache: ActivationCache | None = None,
+) -> MethodOutput:
+    """Conservative propagation (CP-LRP); Σ relevance = logit on bias-free families.
+
+    Example:
+        >>> out = cp_lrp(model, tokens, mask, [ExplainedToken(0, 5, int(tokens[0, 5]))], Target())
+        >>> out.scores.sum(-1), out.values   # equal on bias-free families
+    """
     return lrp(model, tokens, attention_mask, explained, target, "cp_lrp")
 
 
-def relative_gap(total: Tensor, value: Tensor) -> Tensor:
+def relative_gap(total: Float[Tensor, "explained"], value: Float[Tensor, "explained"]) -> Float[Tensor, "explained"]:
     """``|Σ R − f| / |f|``: 0 for a conservative method."""
     return (total - value).abs() / value.abs().clamp_min(1e-12)
