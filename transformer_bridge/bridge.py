@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from . import attention
 from .adapters import Adapter, adapter_for
 from .cache import ActivationCache
+from .generation import GenerationMixin
 from .hook_points import HookContext, HookPoint, HookRegistry, NameOrFilter
 from .relevance import RelevanceMixin
 from .sites import build_sites, get_module
@@ -40,7 +41,7 @@ class BridgeConfig:
     normalization: str
 
 
-class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin):
+class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin):
     """Wrap a HF causal LM and expose TransformerLens-named hook points.
 
     With no hook registered the model runs its own code: logits are bitwise those of the HF model.

@@ -1,0 +1,180 @@
+"""Beam search: HF's vectorised algorithm (transformers 5.x ``_beam_search``) step for step, over our KV cache.
+
+Each prompt is expanded to ``num_beams`` rows before the prefill, as HF does, so the logits and
+therefore the beams equal HF's. Per step: log-softmax → processors (→ warpers when sampling) → add
+the running beam scores → keep the top ``K = max(2, 1 + n_eos) * num_beams`` continuations over
+all beams (so ``num_beams`` of them are still running even if the best all end) → mark those that
+stop → the best ``num_beams`` running ones continue (the KV cache is reordered to them) → the
+finished ones compete, length-penalised, for the ``num_beams`` best finished slots. The loop ends
+when no running beam can beat the finished ones (``early_stopping``), or at ``max_new_tokens``.
+"""
+
+from typing import TYPE_CHECKING
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+from transformers import DynamicCache
+
+from .decode import Plan, decode_full, decode_one_token, prefill
+from .outputs import FINISH_REASONS, GenerationOutput
+from .sampling import warp_logits
+from .stopping import MAX_TIME
+
+if TYPE_CHECKING:
+    from ..bridge import TransformerBridge
+
+NEG = -1.0e9  # HF's "impossible" score: large and finite, so sums stay ordered
+
+
+def beam_search(
+    model: "TransformerBridge", tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"], p: Plan
+) -> GenerationOutput:
+    """Beam search over a left-padded batch; returns ``num_return_sequences`` best beams per prompt."""
+    batch, width = tokens.shape
+    if p.max_new_tokens == 0:
+        return _prompt_only(tokens, mask, p)
+    nb, max_len, dev = p.num_beams, width + p.max_new_tokens, tokens.device
+    keep = max(2, 1 + len(p.eos_token_ids)) * nb
+    is_top = torch.arange(keep, device=dev) < nb
+    flat_tokens, flat_mask = tokens.repeat_interleave(nb, 0), mask.repeat_interleave(nb, 0)
+    prompt_pos = (flat_mask.cumsum(-1) - 1).clamp_min(0)
+    full_mask = torch.cat([flat_mask, flat_mask.new_ones(batch * nb, p.max_new_tokens)], dim=1)
+    positions = torch.cat([prompt_pos, prompt_pos[:, -1:] + torch.arange(1, p.max_new_tokens + 1, device=dev)], 1)
+    padded = not bool(mask.all())
+
+    # Running beams and the finished slots, [batch, beam, ...]; HF's names and layout.
+    running = flat_tokens.new_full((batch, nb, max_len), p.pad_token_id)
+    running[:, :, :width] = flat_tokens.view(batch, nb, width)
+    finished = running.clone()
+    running_scores = torch.zeros(batch, nb, device=dev)
+    running_scores[:, 1:] = NEG  # only the first beam's tokens count at step 0: no duplicate beams
+    finished_scores = torch.full((batch, nb), NEG, device=dev)
+    is_finished = torch.zeros(batch, nb, dtype=torch.bool, device=dev)
+    improvable = torch.ones(batch, 1, dtype=torch.bool, device=dev)
+    running_origin = torch.full((batch, nb, p.max_new_tokens), -1, dtype=torch.long, device=dev)
+    finished_origin = running_origin.clone()
+    running_lp = torch.zeros(batch, nb, p.max_new_tokens, device=dev)  # raw log-prob of each chosen token
+    finished_lp = running_lp.clone()
+    finished_reason = torch.zeros(batch, nb, dtype=torch.long, device=dev)
+
+    cache = DynamicCache(config=model.hf_model.config) if p.use_cache else None
+    logits = prefill(model, flat_tokens, flat_mask, prompt_pos, cache, padded)
+    cur = width
+    while True:
+        t = cur - width
+        raw = logits.float().log_softmax(-1)
+        flat_running = running[:, :, :cur].reshape(batch * nb, cur)
+        log_probs = p.processors(flat_running, raw, full_mask[:, :cur]) if p.processors else raw
+        if not p.greedy:
+            log_probs = warp_logits(log_probs, p.temperature, p.top_k, p.top_p, p.min_p, p.typical_p)
+        vocab = log_probs.shape[-1]
+        scores = (log_probs.view(batch, nb, vocab) + running_scores[:, :, None]).view(batch, nb * vocab)
+
+        # Top-K continuations over all beams of a prompt.
+        if p.greedy:
+            top_scores, top_index = torch.topk(scores, k=keep)
+        else:
+            top_index = torch.multinomial(scores.softmax(-1), keep, generator=p.generator)
+            top_scores = scores.gather(1, top_index)
+        parent, token = top_index // vocab, top_index % vocab
+        top_seq = _gather(running, parent)
+        top_seq[:, :, cur] = token
+        top_origin = _gather(running_origin, parent)
+        top_origin[:, :, t] = parent + torch.arange(batch, device=dev)[:, None] * nb
+        top_lp = _gather(running_lp, parent)
+        top_lp[:, :, t] = raw.view(batch, nb * vocab).gather(1, top_index)
+
+        # Which continuations stop here, and why.
+        code = p.stopping.check(top_seq[:, :, : cur + 1].reshape(batch * keep, cur + 1), None).view(batch, keep)
+        if p.stopping.out_of_time():
+            code = code.masked_fill(code == 0, MAX_TIME)
+        stops = (code > 0) | (cur + 1 >= max_len)
+
+        # The best num_beams continuations that go on.
+        go_on = top_scores + stops.float() * NEG
+        best = torch.topk(go_on, k=nb)[1]
+        running, running_scores = _gather(top_seq, best), _gather(go_on, best)
+        running_origin, running_lp = _gather(top_origin, best), _gather(top_lp, best)
+
+        # Finished continuations (among the top num_beams) compete for the finished slots.
+        just_finished = stops & is_top[None, :]
+        final = top_scores / ((cur + 1 - width) ** p.length_penalty)
+        final += (torch.all(is_finished, dim=-1, keepdim=True) & (p.early_stopping is True)).float() * NEG
+        final += (~improvable).float() * NEG
+        final += (~just_finished) * NEG
+        merged = torch.topk(torch.cat([finished_scores, final], 1), k=nb)[1]
+        finished = _gather(torch.cat([finished, top_seq], 1), merged)
+        finished_scores = _gather(torch.cat([finished_scores, final], 1), merged)
+        finished_origin = _gather(torch.cat([finished_origin, top_origin], 1), merged)
+        finished_lp = _gather(torch.cat([finished_lp, top_lp], 1), merged)
+        finished_reason = _gather(torch.cat([finished_reason, code], 1), merged)
+        is_finished = _gather(torch.cat([is_finished, just_finished], 1), merged)
+
+        cur += 1
+        improvable = _improvable(improvable, running_scores, finished_scores, is_finished, cur, max_len, width, p)
+        all_full = torch.all(is_finished) & (p.early_stopping is True)
+        if not bool(torch.any(improvable) & ~all_full & ~torch.all(stops)):
+            break
+
+        beam_idx = running_origin[:, :, t].reshape(-1)
+        flat_running = running[:, :, :cur].reshape(batch * nb, cur)
+        if cache is not None:
+            cache.reorder_cache(beam_idx)
+            key_mask = full_mask[:, :cur] if padded else None
+            real = torch.ones(batch * nb, 1, dtype=torch.bool, device=dev)
+            pos = positions[:, cur - 1 : cur]
+            logits = decode_one_token(model, flat_running[:, -1:], pos, real, key_mask, cache, step=t + 1)
+        else:
+            logits = decode_full(model, flat_running, positions[:, :cur], full_mask[:, :cur], width, padded, t + 1)
+
+    n = p.num_return_sequences
+    origin = finished_origin[:, :n].reshape(batch * n, -1)
+    new_len = (origin >= 0).sum(-1)
+    n_new = int(new_len.max())
+    generated = (torch.arange(n_new, device=dev)[None, :] < new_len[:, None]).long()
+    prompt_mask = mask.repeat_interleave(n, 0)
+    sequences = finished[:, :n].reshape(batch * n, -1)[:, : width + n_new]
+    sequences = torch.cat([sequences[:, :width], sequences[:, width:].masked_fill(generated == 0, p.pad_token_id)], 1)
+    out = GenerationOutput(
+        sequences=sequences,
+        attention_mask=torch.cat([prompt_mask, generated], 1),
+        prompt_lengths=prompt_mask.sum(-1),
+        prompt_width=width,
+        finish_reasons=[FINISH_REASONS[c] for c in finished_reason[:, :n].reshape(-1).tolist()],
+        sequences_scores=finished_scores[:, :n].reshape(-1),
+    )
+    if p.record:
+        out.logprobs = finished_lp[:, :n].reshape(batch * n, -1)[:, :n_new] * generated
+    return out
+
+
+def _gather(t: Tensor, index: Int[Tensor, "batch k"]) -> Tensor:
+    """``t[b, index[b, j], ...]``: pick beams along dim 1."""
+    while index.dim() < t.dim():
+        index = index.unsqueeze(-1)
+    return torch.take_along_dim(t, index, dim=1)
+
+
+def _improvable(
+    improvable: Tensor,
+    running_scores: Tensor,
+    finished_scores: Tensor,
+    is_finished: Tensor,
+    cur: int,
+    max_len: int,
+    width: int,
+    p: Plan,
+) -> Tensor:
+    """HF's early-stop heuristic: can the best running beam still beat the worst finished one?"""
+    # A positive length penalty favours longer beams: with "never", assume the longest possible one.
+    best_len = max_len - width if p.early_stopping == "never" and p.length_penalty > 0.0 else cur - width
+    best_running = running_scores[:, :1] / (best_len**p.length_penalty)
+    worst_finished = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True)[0], NEG)
+    return improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
+
+
+def _prompt_only(tokens: Tensor, mask: Tensor, p: Plan) -> GenerationOutput:
+    n = p.num_return_sequences
+    tokens, mask = tokens.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+    return GenerationOutput(tokens, mask, mask.sum(-1), tokens.shape[1], ["length"] * tokens.shape[0])

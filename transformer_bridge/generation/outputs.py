@@ -1,0 +1,69 @@
+"""What `generate(..., return_dict=True)` returns: the sequences and, when asked, per-step records."""
+
+from dataclasses import dataclass
+from typing import Literal
+
+from jaxtyping import Float, Int
+from torch import Tensor
+
+FinishReason = Literal["length", "eos", "stop_string", "max_time", "stopping_criteria"]
+# Index = the code the decode loop keeps per row on the device; 0 ("length") is "still running at the end".
+FINISH_REASONS: tuple[FinishReason, ...] = ("length", "eos", "stop_string", "max_time", "stopping_criteria")
+
+
+@dataclass
+class GenerationOutput:
+    """Result of `generate(..., return_dict=True)`.
+
+    Rows are the prompts (times ``num_return_sequences``). ``sequences`` is the left-padded prompt
+    (``prompt_width`` columns) followed by the generated tokens; a row that finished early is filled
+    with the pad token, and ``attention_mask`` is 0 there and on the left padding. Per-step records
+    have one column per generated position (``new`` = ``sequences.shape[1] - prompt_width``) and are
+    0 where the row had already finished.
+
+    Attributes:
+        sequences: ``[batch, pos]`` prompt + generated tokens.
+        attention_mask: ``[batch, pos]`` 1 for real tokens (prompt and generated), 0 for padding.
+        prompt_lengths: ``[batch]`` real (unpadded) prompt tokens per row.
+        prompt_width: padded prompt width: generated tokens are ``sequences[:, prompt_width:]``.
+        finish_reasons: per row ``"eos"``, ``"length"``, ``"stop_string"``, ``"max_time"`` or
+            ``"stopping_criteria"``.
+        logprobs: ``[batch, new]`` log-probability of each chosen token under the model's own
+            distribution (log-softmax of the raw logits, before penalties, temperature and
+            truncation). With ``return_dict=True``.
+        top_logprobs: ``[batch, new, k]`` the ``k`` best log-probabilities at each step, with
+            ``top_tokens`` their token ids (``top_logprobs=k``).
+        logits: ``[batch, new, d_vocab]`` raw logits of each step (``output_logits=True``).
+        sequences_scores: ``[batch]`` beam search: the length-penalised score of each returned beam.
+        text: the decoded strings when the input was text (what the default return gives).
+
+    Example:
+        >>> out = model.generate("Hello", max_new_tokens=5, return_dict=True, top_logprobs=3)
+        >>> out.new_tokens.shape, out.logprobs.shape, out.top_tokens.shape
+        (torch.Size([1, 5]), torch.Size([1, 5]), torch.Size([1, 5, 3]))
+    """
+
+    sequences: Int[Tensor, "batch pos"]
+    attention_mask: Int[Tensor, "batch pos"]
+    prompt_lengths: Int[Tensor, " batch"]
+    prompt_width: int
+    finish_reasons: list[FinishReason]
+    logprobs: Float[Tensor, "batch new"] | None = None
+    top_logprobs: Float[Tensor, "batch new k"] | None = None
+    top_tokens: Int[Tensor, "batch new k"] | None = None
+    logits: Float[Tensor, "batch new d_vocab"] | None = None
+    sequences_scores: Float[Tensor, " batch"] | None = None
+    text: list[str] | None = None
+
+    @property
+    def new_tokens(self) -> Int[Tensor, "batch new"]:
+        """The generated columns (pad tokens where a row had finished)."""
+        return self.sequences[:, self.prompt_width :]
+
+    @property
+    def new_lengths(self) -> Int[Tensor, " batch"]:
+        """Real generated tokens per row (the EOS that ended a row counts)."""
+        return self.attention_mask[:, self.prompt_width :].sum(-1)
+
+    def __len__(self) -> int:
+        return self.sequences.shape[0]
