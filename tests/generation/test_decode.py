@@ -197,7 +197,8 @@ def test_return_types_follow_the_input():
 
 def test_text_streamer_and_progress_bar(capsys):
     model = make_bridge("llama")
-    text = model.generate("Hello", max_new_tokens=5, streamer=TextStreamer(model.tokenizer, skip_special_tokens=True), verbose=True)
+    streamer = TextStreamer(model.tokenizer, skip_special_tokens=True)
+    text = model.generate("Hello", max_new_tokens=5, streamer=streamer, verbose=True)
     assert capsys.readouterr().out.strip() == text.strip()
 
 
