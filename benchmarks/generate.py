@@ -1,0 +1,90 @@
+"""Generation speed: HF `generate` vs bridge `generate` on SmolLM2-135M-Instruct, CPU, greedy, 64 new tokens.
+
+One process, the same model object for every variant. Variants run interleaved, one round at a time,
+in alternating order (so drifting machine load hits all of them alike); the table reports medians. Every
+variant generates exactly ``--new`` tokens per row (``min_new_tokens`` for HF and the bridge alike,
+so EOS never ends a run early), and the script checks that the bridge's tokens equal HF's.
+
+    python benchmarks/generate.py [--rounds 5] [--new 64] [--threads N]
+
+Variants: ``hf`` (``hf_model.generate``), ``bridge`` (no hooks), ``steer`` (one hook adding a
+direction to ``blocks.15.hook_resid_post``), ``return_cache`` (``return_cache=True`` caching every
+``resid_post``), and ``run_with_cache`` (one forward over the finished sequences with the same
+filter: what the recompute of ``return_cache`` is expected to cost).
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from transformer_bridge import TransformerBridge
+from transformer_bridge.real_model import smollm2_path
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea, there lived",
+    "def fibonacci(n):",
+    "The three most important inventions of the twentieth century are",
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--new", type=int, default=64, help="new tokens per row")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = TransformerBridge.from_pretrained(str(smollm2_path()), dtype=torch.float32)
+    print(f"SmolLM2-135M-Instruct fp32, CPU, {torch.get_num_threads()} threads, greedy, {args.new} new tokens, "
+          f"median of {args.rounds} rounds (torch {torch.__version__})")  # fmt: skip
+    for batch in (1, 4):
+        bench(model, PROMPTS[:batch], args.new, args.rounds)
+
+
+def bench(model: TransformerBridge, prompts: list[str], n: int, rounds: int) -> None:
+    batch = len(prompts)
+    tokens, mask = model.to_tokens(prompts)
+    common = dict(attention_mask=mask, max_new_tokens=n, min_new_tokens=n)
+    direction = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(0))
+    steer = [("blocks.15.hook_resid_post", lambda resid, hook: resid + 4.0 * direction)]
+    resid = lambda name: name.endswith("hook_resid_post")  # noqa: E731
+    reference = model.generate(tokens, **common)
+    full_mask = torch.cat([mask, torch.ones(batch, n, dtype=mask.dtype)], 1)
+
+    def run_steer():
+        with model.hooks(fwd_hooks=steer):
+            return model.generate(tokens, **common)
+
+    variants = {
+        "hf": lambda: model.hf_model.generate(tokens, **common, do_sample=False),
+        "bridge": lambda: model.generate(tokens, **common),
+        "steer": run_steer,
+        "return_cache": lambda: model.generate(tokens, **common, return_cache=True, names_filter=resid)[0],
+        "run_with_cache": lambda: model.run_with_cache(reference, attention_mask=full_mask, names_filter=resid)[0],
+    }
+    for name, fn in variants.items():  # warm-up, and the exactness check
+        out = fn()
+        if name in ("hf", "bridge", "return_cache"):
+            assert torch.equal(out, reference), f"{name} tokens differ from the bridge's"
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(rounds):
+        order = list(variants.items())
+        for name, fn in order if r % 2 == 0 else order[::-1]:  # alternate, so load drift hits all alike
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(f"\nbatch {batch} (prompt width {tokens.shape[1]})")
+    print(f"{'variant':<16}{'seconds':>9}{'tokens/s':>10}{'vs HF':>8}")
+    for name in ("hf", "bridge", "steer", "return_cache"):
+        print(f"{name:<16}{med[name]:>9.3f}{batch * n / med[name]:>10.1f}{med['hf'] / med[name]:>7.2f}x")
+    extra = med["return_cache"] - med["bridge"]
+    print(f"return_cache extra time {extra:.3f} s; one run_with_cache forward over the output "
+          f"{med['run_with_cache']:.3f} s ({extra / med['run_with_cache']:.2f} forwards)")  # fmt: skip
+
+if __name__ == "__main__":
+    main()
