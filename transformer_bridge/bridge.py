@@ -301,11 +301,13 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
         ctx: HookContext,
         past_key_values: Any = None,
         position_ids: Int[Tensor, "batch pos"] | None = None,
+        logits_to_keep: int = 0,
     ) -> Any:
         """One HF forward with ``ctx`` visible to hooks. The building block of forward and generate.
 
         ``attention_mask`` covers cached plus new positions; pass ``None`` when there is no padding
-        so HF takes its own fastest path (and its default positions).
+        so HF takes its own fastest path (and its default positions). ``logits_to_keep=1``
+        unembeds only the last position, as HF's generate does (0 keeps all).
         """
         with self._context(ctx):
             try:
@@ -315,6 +317,7 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
                     position_ids=position_ids,
                     past_key_values=past_key_values,
                     use_cache=past_key_values is not None,
+                    logits_to_keep=logits_to_keep,
                 )
             finally:
                 self._stash.clear()
