@@ -1,12 +1,13 @@
 """Faithfulness of relevance methods on SmolLM2-135M-Instruct (fp32, CPU): perturbation curves and cost.
 
 For each fixed factual-completion prompt (benchmarks/data/faithfulness_prompts.json) the model
-generates 8 greedy tokens; every generated token is explained (target: its logit) by each method.
-Only prompt tokens are ranked and perturbed, never position 0 (the attention sink) nor special
-tokens. For k = 0..K (K = all rankable tokens) the top-k (MoRF, most relevant first) or bottom-k
-(LeRF) tokens by signed score are removed and the generated token's log-probability is measured,
-given the (perturbed) prompt and the generated tokens before it. Operators: ``delete`` (drop the
-tokens; rows left-padded with explicit positions) and ``zero`` (zero their token embeddings).
+generates 8 greedy tokens (``model.forward_pass``; EOS does not stop it); every generated token is
+explained (target: its logit) by each method. Only prompt tokens are ranked and perturbed, never
+position 0 (the attention sink) nor special tokens. For k = 0..K (K = all rankable tokens) the top-k
+(MoRF, most relevant first) or bottom-k (LeRF) tokens by signed score are removed and the generated
+token's log-probability is measured, given the (perturbed) prompt and the generated tokens before
+it. Operators: ``delete`` (drop the tokens; rows left-padded with explicit positions) and ``zero``
+(zero their token embeddings).
 
 Per method: ABPC = mean_k(f_LeRF − f_MoRF) (higher is better), AOPC of each curve
 (mean_k(f_0 − f_k)), comprehensiveness and sufficiency at 20 % of the rankable tokens, conservation
@@ -32,7 +33,7 @@ import torch
 
 from transformer_bridge import TransformerBridge
 from transformer_bridge.real_model import smollm2_path
-from transformer_bridge.relevance import RelevanceRun, relevance_hooks
+from transformer_bridge.relevance import relevance_hooks
 
 PROMPTS = Path(__file__).parent / "data" / "faithfulness_prompts.json"
 RANDOM_SEEDS = (0, 1, 2)
@@ -50,14 +51,6 @@ def method_table(ig_steps: int) -> dict[str, tuple[str, dict]]:
     }
     table.update({f"random_s{s}": ("random", {"seed": s}) for s in RANDOM_SEEDS})
     return table
-
-
-@torch.no_grad()
-def greedy(model: TransformerBridge, tokens: torch.Tensor, n: int) -> torch.Tensor:
-    """``n`` greedy tokens by full forwards: fixed length (EOS does not stop), independent of `generate`."""
-    for _ in range(n):
-        tokens = torch.cat([tokens, model(tokens)[:, -1].argmax(-1, keepdim=True)], 1)
-    return tokens
 
 
 @torch.no_grad()
@@ -299,9 +292,10 @@ def main(argv: list[str] | None = None) -> dict:
     records: list[dict] = []
     started = time.perf_counter()
     for p_index, prompt in enumerate(prompts):
-        tokens, _ = model.to_tokens(prompt)
-        width = tokens.shape[1]
-        seq = greedy(model, tokens, args.max_new_tokens)
+        # Step one of the two-step API: greedy, fixed length (EOS does not stop), patterns cached on the CPU.
+        run = model.forward_pass(prompt, max_new_tokens=args.max_new_tokens, do_sample=False, stop_at_eos=False,
+                                 names_filter=patterns)  # fmt: skip
+        seq, width = run.sequences, run.prompt_width
         with torch.no_grad():
             model(seq)  # warm-up, then the forward every cost is compared with
             times = []
@@ -310,10 +304,10 @@ def main(argv: list[str] | None = None) -> dict:
                 model(seq)
                 times.append(time.perf_counter() - t0)
         forward_s = statistics.median(times)
+        # The attention baselines read the cache; their cost is the cache-building forward.
         t0 = time.perf_counter()
-        _, cache = model.run_with_cache(seq, names_filter=patterns)
+        model.run_with_cache(seq, names_filter=patterns)
         cache_s = time.perf_counter() - t0
-        run = RelevanceRun(model, seq, None, width, cache=cache)
         scores, seconds, conservation = {}, {}, {}
         for name, (method, kwargs) in table.items():
             t0 = time.perf_counter()
@@ -325,6 +319,7 @@ def main(argv: list[str] | None = None) -> dict:
         ids = seq[0].tolist()
         rankable = [c for c in range(1, width) if ids[c] not in specials]
         curves = curves_for_prompt(model, ids, width, rankable, scores, operators, args.chunk)
+        run.clear()
         records.append({
             "prompt": prompt, "generated": model.to_string(seq[0, width:]), "n_targets": seq.shape[1] - width,
             "n_rankable": len(rankable), "forward_seconds": forward_s, "seconds": seconds,
