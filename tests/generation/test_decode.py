@@ -62,9 +62,7 @@ def test_each_row_equals_its_prompt_alone(model):
         assert new_tokens(alone)[0] == new_tokens(out)[i]
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2"])
-def test_cached_logits_equal_no_cache_recompute(family):
-    model = make_bridge(family)
+def test_cached_logits_equal_no_cache_recompute(model):
     tokens, mask = batch(model)
     kw = dict(attention_mask=mask, max_new_tokens=8, return_dict=True, output_logits=True)
     cached = model.generate(tokens, **kw)
@@ -95,6 +93,18 @@ def test_processors_equal_hf(kwargs):
     tokens, mask = batch(model)
     ours = model.generate(tokens, attention_mask=mask, max_new_tokens=10, **kwargs)
     assert torch.equal(ours, hf_greedy(model, tokens, mask, 10, **kwargs))
+
+
+def test_penalties_never_see_left_padding():
+    model = make_bridge("llama")
+    pad = model.pad_token_id
+    # The pad token is made the favourite: a penalty that counted left padding would ban it in padded rows only.
+    kw = dict(max_new_tokens=6, logit_bias={pad: 5.0}, no_repeat_ngram_size=1, repetition_penalty=1.5,
+              frequency_penalty=0.5, presence_penalty=0.5, return_dict=True)  # fmt: skip
+    out = model.generate(PROMPTS, **kw)
+    assert [row[0] for row in new_tokens(out)] == [pad] * len(PROMPTS)
+    for i, prompt in enumerate(PROMPTS):
+        assert new_tokens(model.generate(prompt, **kw))[0] == new_tokens(out)[i]
 
 
 # -- sampling --------------------------------------------------------------------------------------
@@ -134,6 +144,13 @@ def test_temperature_zero_is_greedy():
     assert torch.equal(model.generate(tokens, attention_mask=mask, max_new_tokens=8, temperature=0.0), greedy)
     assert torch.equal(model.generate(tokens, attention_mask=mask, max_new_tokens=8, do_sample=True,
                                       temperature=0.0), greedy)  # fmt: skip
+
+
+def test_sampling_arguments_with_do_sample_false_warn_at_the_call_site():
+    model = make_bridge("llama")
+    with pytest.warns(UserWarning, match="`do_sample=False`") as caught:
+        model.generate(torch.tensor([[1, 5]]), max_new_tokens=2, do_sample=False, temperature=0.5)
+    assert caught[0].filename == __file__
 
 
 # -- stopping and records --------------------------------------------------------------------------

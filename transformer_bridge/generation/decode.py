@@ -16,6 +16,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -123,7 +124,7 @@ def plan(
         warnings.warn(
             f"`do_sample=False` decodes greedily, so {sorted(given)} have no effect. Drop `do_sample` (it then "
             "follows from the sampling arguments) or pass `do_sample=True`.",
-            stacklevel=3,
+            stacklevel=4,  # plan ← generate ← torch.no_grad's wrapper ← the caller
         )
     temperature = 1.0 if temperature is None else temperature
     if do_sample and top_k is None:
@@ -299,43 +300,43 @@ def generate(
     n_new = 0
     if p.max_new_tokens > 0:
         logits = prefill(model, tokens, mask, positions[:, :width], cache, padded)
-    for i in _steps(p):
-        cur = width + i
-        token, scores = next_token(logits, seq[:, :cur], full_mask[:, :cur], p)
-        records.add(i, logits, token)
-        token = token.masked_fill(done, p.pad_token_id)
-        seq[:, cur] = token
-        full_mask[:, cur] = ~done
-        positions[:, cur] = positions[:, cur - 1] + (~done).long()
-        if p.stopping.per_row:
-            code = p.stopping.check(seq[:, : cur + 1], scores)
-            newly = (code > 0) & ~done
-            reason = torch.where(newly, code, reason)
-            done |= newly
-        if p.streamer is not None:
-            p.streamer.put(token.cpu())
-        n_new = i + 1
-        if n_new == p.max_new_tokens or (p.stopping.per_row and bool(done.all())):
-            break
-        if p.stopping.out_of_time():
-            reason = reason.masked_fill(~done, MAX_TIME)
-            break
-        if cache is not None:
-            logits = decode_one_token(
-                model, seq[:, cur : cur + 1], positions[:, cur : cur + 1], full_mask[:, cur : cur + 1].bool(),
-                full_mask[:, : cur + 1] if padded else None, cache, step=i + 1,
-            )  # fmt: skip
-        else:
-            end = cur + 1
-            logits = decode_full(model, seq[:, :end], positions[:, :end], full_mask[:, :end], width, padded, i + 1)
+    with _progress(p) as steps:
+        for i in steps:
+            cur = width + i
+            token, scores = next_token(logits, seq[:, :cur], full_mask[:, :cur], p)
+            records.add(i, logits, token)
+            token = token.masked_fill(done, p.pad_token_id)
+            seq[:, cur] = token
+            full_mask[:, cur] = ~done
+            positions[:, cur] = positions[:, cur - 1] + (~done).long()
+            if p.stopping.per_row:
+                code = p.stopping.check(seq[:, : cur + 1], scores)
+                newly = (code > 0) & ~done
+                reason = torch.where(newly, code, reason)
+                done |= newly
+            if p.streamer is not None:
+                p.streamer.put(token.cpu())
+            n_new = i + 1
+            if n_new == p.max_new_tokens or (p.stopping.per_row and bool(done.all())):
+                break
+            if p.stopping.out_of_time():
+                reason = reason.masked_fill(~done, MAX_TIME)
+                break
+            if cache is not None:
+                logits = decode_one_token(
+                    model, seq[:, cur : cur + 1], positions[:, cur : cur + 1], full_mask[:, cur : cur + 1].bool(),
+                    full_mask[:, : cur + 1] if padded else None, cache, step=i + 1,
+                )  # fmt: skip
+            else:
+                end = cur + 1
+                logits = decode_full(model, seq[:, :end], positions[:, :end], full_mask[:, :end], width, padded, i + 1)
     if p.streamer is not None:
         p.streamer.end()
 
-    out_mask = full_mask[:, : width + n_new]
     return records.finish(
         GenerationOutput(
-            sequences=seq[:, : width + n_new],
-            attention_mask=out_mask,
+            sequences=seq[:, : width + n_new].contiguous(),
+            attention_mask=full_mask[:, : width + n_new].contiguous(),
             prompt_lengths=mask.sum(-1),
             prompt_width=width,
             finish_reasons=[FINISH_REASONS[c] for c in reason.tolist()],
@@ -432,10 +433,11 @@ class _Records:
         return out
 
 
-def _steps(p: Plan) -> range | Any:
+def _progress(p: Plan) -> AbstractContextManager:
+    """The decode steps, wrapped in a progress bar with ``verbose`` (closed even when the loop breaks)."""
     steps = range(p.max_new_tokens)
     if not p.verbose:
-        return steps
+        return nullcontext(steps)
     from tqdm.auto import tqdm
 
     return tqdm(steps, desc="generate", leave=False)
