@@ -66,7 +66,7 @@ def test_beam_records_and_bad_options():
     expect = full[:, out.prompt_width - 1 : -1].gather(-1, out.new_tokens[..., None])[..., 0]
     torch.testing.assert_close(out.logprobs, expect * out.attention_mask[:, out.prompt_width :], atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="`top_logprobs`"):
-        model.generate(tokens, max_new_tokens=2, num_beams=2, top_logprobs=2)
+        model.generate(tokens, max_new_tokens=2, num_beams=2, top_logprobs=2, return_dict=True)
     with pytest.raises(ValueError, match="`num_return_sequences`=3 must be in"):
         model.generate(tokens, max_new_tokens=2, num_beams=2, num_return_sequences=3)
 

@@ -237,6 +237,7 @@ def test_text_streamer_and_progress_bar(capsys):
         (dict(pad_token_id=-1), "pad_token_id"),
         (dict(logit_bias={V + 3: 1.0}), "logit_bias"),
         (dict(top_logprobs=-2), "top_logprobs"),
+        (dict(top_logprobs=2), "top_logprobs"),  # without return_dict
         (dict(max_time=0), "max_time"),
         (dict(seed=1, generator=torch.Generator()), "seed"),
         (dict(names_filter="resid_post"), "names_filter"),

@@ -147,6 +147,8 @@ def plan(
         raise ValueError(f"`top_logprobs` must be an int in [0, {d_vocab}] (d_vocab), got {top_logprobs!r}.")
     if max_time is not None and (not isinstance(max_time, (int, float)) or not max_time > 0):
         raise ValueError(f"`max_time` must be None or a number of seconds > 0, got {max_time!r}.")
+    if (top_logprobs or output_logits) and not return_dict:
+        raise ValueError("`top_logprobs` and `output_logits` are `GenerationOutput` records: add `return_dict=True`.")
     if num_beams > 1 and (top_logprobs or output_logits or streamer is not None):
         raise ValueError(
             "Beam search records `logprobs` and `sequences_scores` only: `top_logprobs`, `output_logits` and "
