@@ -34,3 +34,4 @@ lint: $(STAMP)
 
 bench: setup
 	$(PY) benchmarks/forward.py
+	$(PY) benchmarks/generate.py
