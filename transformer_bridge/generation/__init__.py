@@ -155,6 +155,7 @@ class GenerationMixin:
             raise ValueError(f"`return_type` must be 'input', 'str' or 'tokens', got {return_type!r}.")
         if not return_cache and (names_filter is not None or device is not None):
             raise ValueError("`names_filter` and `device` only apply with `return_cache=True`.")
+        names: list[str] = []
         if return_cache:
             from ..bridge import _check_device  # bridge imports this package: import at call time
 
@@ -200,16 +201,13 @@ class GenerationMixin:
 
 
 def _texts(model: "TransformerBridge", prompts: "Input | None", out: GenerationOutput, n: int) -> list[str]:
-    """Prompt text + decoded completion per row (the prompt string as given, not re-decoded)."""
-    tok = model.tokenizer
-    rows = out.new_tokens.tolist()
-    real = out.attention_mask[:, out.prompt_width :].bool().tolist()
-    completions = [tok.decode([t for t, r in zip(row, keep, strict=True) if r], skip_special_tokens=True)
-                   for row, keep in zip(rows, real, strict=True)]  # fmt: skip
+    """Prompt text as given + decoded completion per row; without prompt text, each row's real tokens decoded."""
+    start = 0 if prompts is None else out.prompt_width
+    rows = out.sequences[:, start:].tolist()
+    real = out.attention_mask[:, start:].bool().tolist()
+    decoded = [model.tokenizer.decode([t for t, r in zip(row, keep, strict=True) if r], skip_special_tokens=True)
+               for row, keep in zip(rows, real, strict=True)]  # fmt: skip
     if prompts is None:
-        full = out.sequences.tolist()
-        whole = out.attention_mask.bool().tolist()
-        return [tok.decode([t for t, r in zip(row, keep, strict=True) if r], skip_special_tokens=True)
-                for row, keep in zip(full, whole, strict=True)]  # fmt: skip
+        return decoded
     texts = [prompts] if isinstance(prompts, str) else list(prompts)
-    return [texts[i // n] + c for i, c in enumerate(completions)]
+    return [texts[i // n] + completion for i, completion in enumerate(decoded)]
