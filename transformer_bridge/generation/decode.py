@@ -13,6 +13,7 @@ a full forward over the sequence so far, so a hook sees every position again at 
 """
 
 import math
+import numbers
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -160,6 +161,7 @@ def plan(
     eos = _eos_ids(model, eos_token_id) if stop_at_eos else []
     pad = model.pad_token_id if pad_token_id is None else pad_token_id
     _check_token("pad_token_id", pad, d_vocab)
+    pad = int(pad)
     if isinstance(stop_strings, str):
         stop_strings = [stop_strings]
     stop_strings = list(stop_strings or [])
@@ -451,6 +453,8 @@ def _progress(p: Plan) -> AbstractContextManager:
 
 def _eos_ids(model: "TransformerBridge", eos_token_id: int | Sequence[int] | None) -> list[int]:
     d_vocab = model.cfg.d_vocab
+    if isinstance(eos_token_id, Tensor):
+        eos_token_id = eos_token_id.tolist()
     if eos_token_id is not None:
         ids = [eos_token_id] if _is_int(eos_token_id) else list(eos_token_id)
         for t in ids:
@@ -475,4 +479,5 @@ def _check_token(name: str, token: object, d_vocab: int) -> None:
 
 
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    # Integral admits numpy integers; bool is excluded: `True` as a count or token id is a caller bug.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
