@@ -387,21 +387,9 @@ def _last_logits(
     """`TransformerBridge.run_model` with ``logits_to_keep=1``, as HF's generate calls the model.
 
     Unembedding only the last position saves a ``[batch, prompt, d_vocab]`` matmul at the prefill
-    (~4% of a 64-token batch-4 SmolLM2 run) and makes the logits bitwise HF's. run_model has no
-    ``logits_to_keep`` yet, so this mirrors it (context set for the hooks, stash cleared after).
+    (~4% of a 64-token batch-4 SmolLM2 run) and makes the logits bitwise HF's.
     """
-    with model._context(ctx):
-        try:
-            out = model.hf_model(
-                input_ids=tokens,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=cache is not None,
-                logits_to_keep=1,
-            )
-        finally:
-            model._stash.clear()
+    out = model.run_model(tokens, mask, ctx, past_key_values=cache, position_ids=positions, logits_to_keep=1)
     return out.logits[:, -1]
 
 
