@@ -3,17 +3,23 @@
 from .adapters import SUPPORTED_MODEL_TYPES, UnsupportedArchitectureError
 from .bridge import BridgeConfig, TransformerBridge
 from .cache import ActivationCache, get_act_name
+from .generation import GenerationOutput, sample
 from .hook_points import HookContext, HookHandle, HookPoint, UnknownHookError
+from .relevance import Relevance, RelevanceRun
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "ActivationCache",
     "BridgeConfig",
+    "GenerationOutput",
     "HookContext",
     "HookHandle",
     "HookPoint",
+    "Relevance",
+    "RelevanceRun",
     "TransformerBridge",
     "UnknownHookError",
     "UnsupportedArchitectureError",
     "get_act_name",
+    "sample",
 ]

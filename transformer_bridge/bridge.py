@@ -98,7 +98,7 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
         Example:
             >>> model = TransformerBridge.from_pretrained("path/to/SmolLM2", dtype=torch.float32)
         """
-        device = _check_device(device)
+        device = check_device(device)
         hf_model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **hf_kwargs)
         if tokenizer is None:
             tok_kwargs = {k: v for k, v in hf_kwargs.items() if k in ("gguf_file", "revision", "trust_remote_code")}
@@ -322,11 +322,37 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
             finally:
                 self._stash.clear()
 
-    def _forward_tokens(self, tokens: Tensor, mask: Tensor, ctx: HookContext | None = None) -> Tensor:
+    def _forward_tokens(
+        self, tokens: Tensor, mask: Tensor, ctx: HookContext | None = None, logits_to_keep: int = 0
+    ) -> Tensor:
         ctx = ctx or HookContext.from_mask(mask)
         padded = not bool(mask.all())
-        out = self.run_model(tokens, mask if padded else None, ctx, position_ids=ctx.positions if padded else None)
+        positions = ctx.positions if padded else None
+        out = self.run_model(
+            tokens, mask if padded else None, ctx, position_ids=positions, logits_to_keep=logits_to_keep
+        )
         return out.logits
+
+    def cache_forward(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        mask: Int[Tensor, "batch pos"],
+        names: Sequence[str],
+        device: torch.device | None = None,
+        pos_slice: int | slice | Sequence[int] | None = None,
+        ctx: HookContext | None = None,
+        logits_to_keep: int = 0,
+    ) -> tuple[Float[Tensor, "batch pos d_vocab"], dict[str, Tensor]]:
+        """The caching forward shared by `run_with_cache` and `generate(return_cache=True)`.
+
+        Runs under the active hooks plus caching hooks on ``names`` (canonical), without autograd.
+        Returns the logits and the cached tensors; `run_with_cache` is the user-facing form.
+        """
+        store = CacheWriter(device, pos_slice)
+        # no_grad, not inference_mode: inference tensors cannot meet parameters in autograd later.
+        with self.hooks(fwd_hooks=[(n, store.hook) for n in names]), torch.no_grad():
+            logits = self._forward_tokens(tokens, mask, ctx, logits_to_keep)
+        return logits, store.tensors
 
     def forward(
         self,
@@ -418,27 +444,24 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
             >>> logits, cache = model.run_with_cache("Hello world", names_filter=lambda n: "resid" in n)
             >>> cache["resid_post", 0].shape
         """
-        device = _check_device(device)
+        device = check_device(device)
         if remove_batch_dim and isinstance(input, (list, tuple)) and len(input) != 1:
             raise ValueError("`remove_batch_dim=True` needs a batch of one; got a batch of several inputs.")
         names = self.names_matching(names_filter)
         tokens, mask = self.prepare_input(input, attention_mask, prepend_bos)
         if remove_batch_dim and tokens.shape[0] != 1:
             raise ValueError(f"`remove_batch_dim=True` needs a batch of one, got batch {tokens.shape[0]}.")
-        store = CacheWriter(device, pos_slice)
-        fwd = [(n, store.hook) for n in names]
-        bwd = [(n, store.grad_hook) for n in names] if incl_bwd else []
-        with self.hooks(fwd_hooks=fwd, bwd_hooks=bwd):
-            if incl_bwd:
+        if incl_bwd:
+            store = CacheWriter(device, pos_slice)
+            fwd = [(n, store.hook) for n in names]
+            with self.hooks(fwd_hooks=fwd, bwd_hooks=[(n, store.grad_hook) for n in names]):
                 logits = self._forward_tokens(tokens, mask)
                 target = metric(logits) if metric is not None else next_token_loss(logits, tokens, mask)
                 target.backward()
-                logits = logits.detach()
-            else:
-                # no_grad, not inference_mode: inference tensors cannot meet parameters in autograd later.
-                with torch.no_grad():
-                    logits = self._forward_tokens(tokens, mask)
-        cache = ActivationCache(store.tensors, self, attention_mask=mask.to(device or mask.device))
+            logits, tensors = logits.detach(), store.tensors
+        else:
+            logits, tensors = self.cache_forward(tokens, mask, names, device, pos_slice)
+        cache = ActivationCache(tensors, self, attention_mask=mask.to(device or mask.device))
         return logits, (cache.remove_batch_dim() if remove_batch_dim else cache)
 
 
@@ -503,7 +526,7 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {text[:60]}{'…' if len(text) > 60 else ''}"
 
 
-def _check_device(device: str | torch.device | None) -> torch.device | None:
+def check_device(device: str | torch.device | None) -> torch.device | None:
     if device is None:
         return None
     try:

@@ -157,9 +157,9 @@ class GenerationMixin:
             raise ValueError("`names_filter` and `device` only apply with `return_cache=True`.")
         names: list[str] = []
         if return_cache:
-            from ..bridge import _check_device  # bridge imports this package: import at call time
+            from ..bridge import check_device  # bridge imports this package: import at call time
 
-            device = _check_device(device)
+            device = check_device(device)
             names = self.names_matching(names_filter)
         text_in = isinstance(input, str) or (isinstance(input, (list, tuple)) and bool(input) and
                                              isinstance(input[0], str))  # fmt: skip

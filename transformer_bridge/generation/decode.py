@@ -356,24 +356,17 @@ def recompute_cache(
 ) -> ActivationCache:
     """One forward over prompt + generated tokens with the active hooks plus caching hooks.
 
-    The same code path as `run_with_cache` (its `CacheWriter`, `hooks()`, the model inputs of
-    `_forward_tokens`, inference mode), so the cache equals ``run_with_cache(out.sequences,
-    attention_mask=out.attention_mask)`` bitwise; only ``hook.ctx`` differs (``phase="recompute"``,
-    ``is_generated`` marks generated tokens).
+    `TransformerBridge.cache_forward`, the code path of `run_with_cache`, so the cache equals
+    ``run_with_cache(out.sequences, attention_mask=out.attention_mask)`` bitwise; only ``hook.ctx``
+    differs (``phase="recompute"``, ``is_generated`` marks generated tokens). Only the last position
+    is unembedded: the logits are not returned, and every hook point comes before the unembedding.
     """
-    from ..bridge import CacheWriter  # bridge imports this package: import at call time
-
     tokens, mask = out.sequences, out.attention_mask
     ctx = HookContext.from_mask(mask, "recompute", 0, out.prompt_lengths)
-    padded = not bool(mask.all())
-    store = CacheWriter(device)
-    with model.hooks(fwd_hooks=[(n, store.hook) for n in names]), torch.inference_mode():
-        # `_forward_tokens`' inputs (mask and positions only with padding), but only the last position
-        # is unembedded: the logits are not returned, and every hook point comes before the unembedding.
-        _last_logits(model, tokens, mask if padded else None, ctx, None, ctx.positions if padded else None)
+    _, tensors = model.cache_forward(tokens, mask, names, device, ctx=ctx, logits_to_keep=1)
     target = device or mask.device
     lengths = out.prompt_lengths.to(target)
-    return ActivationCache(store.tensors, model, attention_mask=mask.to(target), prompt_lengths=lengths)
+    return ActivationCache(tensors, model, attention_mask=mask.to(target), prompt_lengths=lengths)
 
 
 def _last_logits(
