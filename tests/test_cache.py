@@ -26,8 +26,8 @@ def test_all_hooks_cached_once_with_shared_aliases(bridge):
     assert post0.untyped_storage().data_ptr() == pre1.untyped_storage().data_ptr()
     distinct = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in cache.values()}
     assert cache.nbytes() == sum(distinct.values())
-    with torch.no_grad():
-        assert torch.equal(logits, bridge.hf_model(TOKENS).logits) or (logits - bridge(TOKENS)).abs().max() < 1e-5
+    with torch.no_grad():  # caching hooks only read: HF's own kernels compute the output, bitwise
+        assert torch.equal(logits, bridge.hf_model(TOKENS).logits)
 
 
 def test_names_filter_forms():

@@ -4,7 +4,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float, Int
@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from . import attention
 from .adapters import Adapter, adapter_for
-from .cache import ActivationCache
+from .cache import ActivationCache, expand_key
 from .generation import GenerationMixin
 from .hook_points import HookContext, HookPoint, HookRegistry, NameOrFilter
 from .relevance import RelevanceMixin
@@ -275,9 +275,9 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
             raise ValueError(f"`input` tokens must have shape [batch, pos] with pos ≥ 1, got {tuple(input.shape)}.")
         if tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
             raise TypeError(f"`input` tokens must be an integer tensor, got dtype {tokens.dtype}.")
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= self.cfg.d_vocab:
-            bad = hi if hi >= self.cfg.d_vocab else lo
+        outside = (tokens < 0) | (tokens >= self.cfg.d_vocab)
+        if outside.any():  # one device sync on the good path
+            bad = int(tokens[outside][0])
             raise ValueError(f"`input` contains token id {bad}, outside the vocabulary [0, {self.cfg.d_vocab - 1}].")
         if attention_mask is None:
             attention_mask = torch.ones_like(tokens)
@@ -322,9 +322,18 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
             finally:
                 self._stash.clear()
 
-    def _forward_tokens(
-        self, tokens: Tensor, mask: Tensor, ctx: HookContext | None = None, logits_to_keep: int = 0
-    ) -> Tensor:
+    def forward_tokens(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        mask: Int[Tensor, "batch pos"],
+        ctx: HookContext | None = None,
+        logits_to_keep: int = 0,
+    ) -> Float[Tensor, "batch pos d_vocab"]:
+        """Logits for prepared tokens (see `prepare_input`); what `forward` and every caching run call.
+
+        Padding positions (``cumsum(mask) - 1``) and the mask are passed only when ``mask`` has zeros,
+        so an unpadded batch takes HF's own path. ``ctx`` defaults to a plain-forward context.
+        """
         ctx = ctx or HookContext.from_mask(mask)
         padded = not bool(mask.all())
         positions = ctx.positions if padded else None
@@ -351,7 +360,7 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
         store = CacheWriter(device, pos_slice)
         # no_grad, not inference_mode: inference tensors cannot meet parameters in autograd later.
         with self.hooks(fwd_hooks=[(n, store.hook) for n in names]), torch.no_grad():
-            logits = self._forward_tokens(tokens, mask, ctx, logits_to_keep)
+            logits = self.forward_tokens(tokens, mask, ctx, logits_to_keep)
         return logits, store.tensors
 
     def forward(
@@ -369,7 +378,7 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
         if return_type not in ("logits", "loss", "both"):
             raise ValueError(f"`return_type` must be 'logits', 'loss' or 'both', got {return_type!r}.")
         tokens, mask = self.prepare_input(input, attention_mask, prepend_bos)
-        logits = self._forward_tokens(tokens, mask)
+        logits = self.forward_tokens(tokens, mask)
         if return_type == "logits":
             return logits
         loss = next_token_loss(logits, tokens, mask)
@@ -411,16 +420,6 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
                 raise ValueError("`names_filter` is an empty list; give at least one hook name, or None for all.")
         return names
 
-    @overload
-    def run_with_cache(
-        self, input: Input, names_filter: NamesFilter = ..., device: Any = ..., *, incl_bwd: Literal[False] = ...,
-        **kw: Any,
-    ) -> tuple[Float[Tensor, "batch pos d_vocab"], ActivationCache]: ...
-    @overload
-    def run_with_cache(
-        self, input: Input, names_filter: NamesFilter = ..., device: Any = ..., *, incl_bwd: Literal[True], **kw: Any
-    ) -> tuple[Float[Tensor, "batch pos d_vocab"], ActivationCache]: ...
-
     def run_with_cache(
         self,
         input: Input,
@@ -455,7 +454,7 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
             store = CacheWriter(device, pos_slice)
             fwd = [(n, store.hook) for n in names]
             with self.hooks(fwd_hooks=fwd, bwd_hooks=[(n, store.grad_hook) for n in names]):
-                logits = self._forward_tokens(tokens, mask)
+                logits = self.forward_tokens(tokens, mask)
                 target = metric(logits) if metric is not None else next_token_loss(logits, tokens, mask)
                 target.backward()
             logits, tensors = logits.detach(), store.tensors
@@ -516,8 +515,6 @@ def next_token_loss(
 
 
 def _canonical(model: TransformerBridge, name: str) -> str:
-    from .cache import expand_key
-
     return expand_key(name, model.hook_dict) if name not in model.hook_dict else name
 
 

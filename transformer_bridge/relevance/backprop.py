@@ -75,7 +75,7 @@ def backprop_scores(
     scores = torch.zeros(n, tokens.shape[1], device=tokens.device)
     values = torch.zeros(n, device=tokens.device)
     with torch.enable_grad(), model.hooks(fwd_hooks=[(leaf, make_leaf), *hooks]):
-        logits = model._forward_tokens(rows, mask)
+        logits = model.forward_tokens(rows, mask)
     if "leaf" not in stash:  # pragma: no cover - the bridge always serves its own points
         raise RuntimeError(f"The leaf hook point {leaf!r} was not reached in the forward pass.")
     x = stash.pop("leaf")

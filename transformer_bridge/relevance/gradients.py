@@ -118,7 +118,7 @@ def _endpoint_values(
 
     both = torch.cat([tokens, tokens])
     with torch.no_grad(), model.hooks(fwd_hooks=[(EMBED_POINT, zero_second_half)]):
-        logits = model._forward_tokens(both, torch.cat([mask, mask]))
+        logits = model.forward_tokens(both, torch.cat([mask, mask]))
     b = tokens.shape[0]
     rows = torch.tensor([e.batch_index for e in explained], device=tokens.device)
     cols = torch.tensor([e.logit_position for e in explained], device=tokens.device)

@@ -86,7 +86,7 @@ def _patching(
         return alias
 
     with torch.enable_grad(), model.hooks(fwd_hooks=[(n, keep) for n in names]):
-        logits = model._forward_tokens(corrupted, mask)
+        logits = model.forward_tokens(corrupted, mask)
     order = list(corrupt_acts)
     out = {n: torch.zeros(len(metrics), *clean.shape) for n in names}
     for j, metric in enumerate(metrics):
