@@ -73,25 +73,31 @@ def test_qkv_edit_equals_editing_projection_output(model, which):
         return x
 
     if a.qkv is None:
+
         def manual(out):
             out = out.view(*out.shape[:-1], n, d).clone()
             out[:, :, 0] *= 3.0
             return out.flatten(-2)
+
         expected = _manual(model, _block(model, getattr(a, which)), manual)
     elif a.qkv_layout == "per_head":
         j = "qkv".index(which)
+
         def manual(out):
             out = out.view(*out.shape[:-1], n, 3 * d).clone()
             out[:, :, 0, j * d : (j + 1) * d] *= 3.0
             return out.flatten(-2)
+
         expected = _manual(model, _block(model, a.qkv), manual)
     else:
         nh, nk = model.cfg.n_heads, model.cfg.n_kv_heads
         start = {"q": 0, "k": nh * d, "v": (nh + nk) * d}[which]
+
         def manual(out):
             out = out.clone()
             out[..., start : start + d] *= 3.0
             return out
+
         expected = _manual(model, _block(model, a.qkv), manual)
     got = _hooked(model, f"blocks.{LAYER}.attn.hook_{which}", scale_head)
     assert not torch.equal(got, model.hf_model(TOKENS).logits)
@@ -145,29 +151,60 @@ def test_resid_mid_value(model):
     _close(mid, ln2_in["x"].view_as(mid))
 
 
-@pytest.mark.parametrize("ln", ["ln1", "ln2", "ln_final"])
-def test_norm_scale_and_normalized(model, ln):
-    prefix = "ln_final" if ln == "ln_final" else f"blocks.{LAYER}.{ln}"
-    path = model.adapter.ln_final if ln == "ln_final" else _block(model, getattr(model.adapter, ln))
-    norm = get_module(model.hf_model, path)
-    bias = getattr(norm, "bias", None)
-    bias = torch.zeros(()) if bias is None else bias.detach()
-    # Doubling the scale halves the weighted part of the output; the bias stays.
-    expected = _manual(model, path, lambda out: (out - bias) / 2 + bias)
-    _close(_hooked(model, f"{prefix}.hook_scale", lambda s, hook: s * 2), expected)
-    _close(_hooked(model, f"{prefix}.hook_normalized", lambda n, hook: n / 2), expected)
-    # The cached values reproduce the module's output.
-    _, cache = model.run_with_cache(TOKENS, names_filter=lambda n: n.startswith(prefix))
-    scale, normalized = cache[f"{prefix}.hook_scale"], cache[f"{prefix}.hook_normalized"]
-    assert scale.shape == (*TOKENS.shape, 1)
-    weight = model.ln_final_weight if ln == "ln_final" else (
-        1 + norm.weight if model.adapter.norm == "rms_one_plus" else norm.weight)  # fmt: skip
-    out = {}
-    h = norm.register_forward_hook(lambda m, a, o: out.setdefault("y", o))
-    with torch.no_grad():
-        model.hf_model(TOKENS)
-    h.remove()
-    _close(normalized * weight + bias, out["y"].view_as(normalized))
+def _norms(model):
+    """Every norm with hook points in ``LAYER`` (and the final one): point prefix → HF module path."""
+    a = model.adapter
+    found = {f"blocks.{LAYER}.ln1": _block(model, a.ln1), f"blocks.{LAYER}.ln2": _block(model, a.ln2)}
+    found["ln_final"] = a.ln_final
+    if a.sandwich:
+        found[f"blocks.{LAYER}.ln1_post"] = _block(model, a.attn_out)
+        found[f"blocks.{LAYER}.ln2_post"] = _block(model, a.mlp_out)
+    for key in ("q_norm", "k_norm"):
+        if getattr(a, key) is not None:
+            found[f"blocks.{LAYER}.attn.{key}"] = _block(model, getattr(a, key))
+    assert all(f"{prefix}.hook_scale" in model.hook_dict for prefix in found)
+    return found
+
+
+def test_norm_scale_and_normalized(model):
+    norms = _norms(model)
+    assert len(norms) == 3 + 2 * model.adapter.sandwich + 2 * (model.adapter.q_norm is not None)
+    for prefix, path in norms.items():
+        norm = get_module(model.hf_model, path)
+        bias = getattr(norm, "bias", None)
+        bias = torch.zeros(()) if bias is None else bias.detach()
+        # Doubling the scale halves the weighted part of the output; the bias stays.
+        expected = _manual(model, path, lambda out, bias=bias: (out - bias) / 2 + bias)
+        _close(_hooked(model, f"{prefix}.hook_scale", lambda s, hook: s * 2), expected)
+        _close(_hooked(model, f"{prefix}.hook_normalized", lambda n, hook: n / 2), expected)
+        # The cached values reproduce the module's output.
+        _, cache = model.run_with_cache(TOKENS, names_filter=lambda n, prefix=prefix: n.startswith(prefix + "."))
+        scale, normalized = cache[f"{prefix}.hook_scale"], cache[f"{prefix}.hook_normalized"]
+        assert scale.shape == (*normalized.shape[:-1], 1)
+        per_head = prefix.endswith("_norm")
+        assert normalized.shape[:2] == TOKENS.shape and normalized.dim() == (4 if per_head else 3)
+        weight = model.ln_final_weight if prefix == "ln_final" else (
+            1 + norm.weight if model.adapter.norm == "rms_one_plus" and not per_head else norm.weight)  # fmt: skip
+        out: dict = {}
+        h = norm.register_forward_hook(lambda m, a, o, out=out: out.setdefault("y", o))
+        with torch.no_grad():
+            model.hf_model(TOKENS)
+        h.remove()
+        _close(normalized * weight + bias, out["y"].view_as(normalized))
+
+
+def test_sandwich_norm_edits_reach_the_sublayer_output_points():
+    """Gemma 2: ``ln1_post``/``ln2_post`` and ``hook_attn_out``/``hook_mlp_out`` share a module; order is fixed."""
+    model = make_bridge("gemma2")
+    for post, out_name in (("ln1_post", "hook_attn_out"), ("ln2_post", "hook_mlp_out")):
+        seen = {}
+        _, cache = model.run_with_cache(TOKENS, names_filter=f"blocks.{LAYER}.{out_name}")
+        with torch.no_grad():
+            model.run_with_hooks(TOKENS, fwd_hooks=[
+                (f"blocks.{LAYER}.{post}.hook_scale", lambda s, hook: s * 2),
+                (f"blocks.{LAYER}.{out_name}", lambda x, hook, seen=seen: seen.setdefault("x", x.clone())),
+            ])  # fmt: skip
+        _close(seen["x"], cache[f"blocks.{LAYER}.{out_name}"] / 2)
 
 
 def test_pattern_edit_equals_z_from_values(model):

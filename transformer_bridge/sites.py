@@ -265,6 +265,13 @@ def build_sites(
             for key in "qkv":
                 add(p + f"attn.hook_{key}", fused, key)
 
+        for key in ("q_norm", "k_norm"):
+            path = getattr(adapter, key)
+            if path is not None:
+                qk = site(m(path), "post", norm("rms", m(path)))
+                add(p + f"attn.{key}.hook_scale", qk, "scale")
+                add(p + f"attn.{key}.hook_normalized", qk, "normalized")
+
         attn_points = attention.AttentionPoints(None, None, HookPoint("", registry), HookPoint("", registry))
         fn_site = AttnFnSite(m(adapter.attn), attn_points)
         if adapter.rotary:
@@ -281,6 +288,10 @@ def build_sites(
 
         attn_out_site = site(m(adapter.attn_out), "post", identity)
         attn_out_site.process = _attn_out_and_mid(attn_out_site, stash, layer)
+        if adapter.sandwich:
+            attn_out_site.process = _after_norm(norm(adapter.norm, m(adapter.attn_out)), attn_out_site.process)
+            add(p + "ln1_post.hook_scale", attn_out_site, "scale")
+            add(p + "ln1_post.hook_normalized", attn_out_site, "normalized")
         add(p + "hook_attn_out", attn_out_site, "attn_out")
         if not parallel:
             add(p + "hook_resid_mid", attn_out_site, "mid", extra=(resid_pre,))
@@ -298,7 +309,14 @@ def build_sites(
             if adapter.mlp_up is not None:
                 add(p + "mlp.hook_pre_linear", site(m(adapter.mlp_up), "post", identity))
         add(p + "mlp.hook_post", site(m(adapter.mlp_down), "pre", identity))
-        add(p + "hook_mlp_out", site(m(adapter.mlp_out), "post", identity))
+        mlp_out = m(adapter.mlp_out)
+        if adapter.sandwich:
+            mlp_out_site = site(mlp_out, "post", _after_norm(norm(adapter.norm, mlp_out), _keyed("mlp_out")))
+            add(p + "ln2_post.hook_scale", mlp_out_site, "scale")
+            add(p + "ln2_post.hook_normalized", mlp_out_site, "normalized")
+            add(p + "hook_mlp_out", mlp_out_site, "mlp_out")
+        else:
+            add(p + "hook_mlp_out", site(mlp_out, "post", identity))
         add(p + "hook_resid_post", site(block, "post", identity))
 
     ln_final = get_module(model, adapter.ln_final)
@@ -306,6 +324,26 @@ def build_sites(
     add("ln_final.hook_scale", final, "scale")
     add("ln_final.hook_normalized", final, "normalized")
     return SiteMap(points, sites_for, stash)
+
+
+def _keyed(key: str) -> Callable:
+    def process(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
+        return run(key, x)
+
+    return process
+
+
+def _after_norm(norm_process: Callable, then: Callable) -> Callable:
+    """A norm's own points (``scale``, ``normalized``), then the points that read its output.
+
+    Gemma 2's sandwich norms are also the modules whose outputs are ``hook_attn_out`` and
+    ``hook_mlp_out``; one torch hook serves both, so their order is fixed.
+    """
+
+    def process(run: Run, out: Tensor, x: Tensor | None) -> Tensor:
+        return then(run, norm_process(run, out, x), x)
+
+    return process
 
 
 def _attn_out_and_mid(site: Site, stash: dict[int, Tensor], layer: int) -> Callable:

@@ -99,6 +99,7 @@ def test_an_error_in_a_hook_mid_generation_leaves_the_model_clean():
     with pytest.raises(RuntimeError, match="boom"), model.hooks(fwd_hooks=hooks):
         model.generate(tokens, attention_mask=mask, max_new_tokens=6)
     assert no_hooks_left(model)
+
     def explode_in_recompute(x, hook):
         if hook.ctx.phase == "recompute":
             raise RuntimeError("boom")

@@ -43,10 +43,13 @@ def _rms_const(x: Tensor, norm) -> Tensor:
 
 
 def llama_lrp(hf, tokens: Tensor, position: int, variant: str = "attnlrp") -> Tensor:
-    """Relevance of each input position (batch 1, no padding) for the logit of ``tokens[0, position]``."""
+    """Relevance of each input position (batch 1, no padding) for the logit of ``tokens[0, position]``.
+
+    Llama layout; Qwen 3's per-head q/k RMSNorm is applied (with its 1/rms constant) when present.
+    """
     cfg = hf.config
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    d_head = cfg.hidden_size // n_heads
+    d_head = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
     emb = hf.model.embed_tokens.weight[tokens].detach().requires_grad_(True)
     b, p, _ = emb.shape
     positions = torch.arange(p)[None]
@@ -56,8 +59,11 @@ def llama_lrp(hf, tokens: Tensor, position: int, variant: str = "attnlrp") -> Te
     for layer in hf.model.layers:
         attn = layer.self_attn
         h = _rms_const(x, layer.input_layernorm)
-        q = attn.q_proj(h).view(b, p, n_heads, d_head).transpose(1, 2)
-        k = attn.k_proj(h).view(b, p, n_kv, d_head).transpose(1, 2)
+        q = attn.q_proj(h).view(b, p, n_heads, d_head)
+        k = attn.k_proj(h).view(b, p, n_kv, d_head)
+        if hasattr(attn, "q_norm"):  # Qwen 3: per-head RMSNorm on q and k, 1/rms constant too
+            q, k = _rms_const(q, attn.q_norm), _rms_const(k, attn.k_norm)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = attn.v_proj(h).view(b, p, n_kv, d_head).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         if variant == "attnlrp":

@@ -29,8 +29,9 @@ def test_cp_lrp_conserves_on_bias_free_families(family, target):
         assert step.conservation_error < 1e-4
 
 
-def test_attnlrp_equals_rule_by_rule_llama():
-    model = make_bridge("llama")
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_attnlrp_equals_rule_by_rule_llama_layout(family):
+    model = make_bridge(family)
     tokens = random_tokens(1, 9, seed=5)
     for variant in ("attnlrp", "cp_lrp"):
         rel = tiny_run(model, tokens, prompt_width=5, cache=False).relevance_pass(method=variant)
@@ -91,7 +92,7 @@ def test_left_padded_batch_equals_single_rows(model, method):
             got = batch[3 * b + j]
             assert got.source_tokens == alone[j].source_tokens and got.step_index == alone[j].step_index
             torch.testing.assert_close(got.relevance, alone[j].relevance, atol=2e-5, rtol=1e-4)
-        assert (batch.scores[3 * b :3 * b + 3][:, ~mask[b].bool()] == 0).all()
+        assert (batch.scores[3 * b : 3 * b + 3][:, ~mask[b].bool()] == 0).all()
 
 
 def test_gemma2_softcap_rule_targets_the_capped_logit():

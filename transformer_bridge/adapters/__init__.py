@@ -4,11 +4,11 @@ from .base import Adapter
 from .gemma2 import GEMMA2
 from .gpt2 import GPT2
 from .gpt_neox import GPT_NEOX
-from .llama import LLAMA
+from .llama import LLAMA, QWEN3
 from .opt import OPT
 from .phi3 import PHI3
 
-ADAPTERS: tuple[Adapter, ...] = (GPT2, LLAMA, GEMMA2, GPT_NEOX, PHI3, OPT)
+ADAPTERS: tuple[Adapter, ...] = (GPT2, LLAMA, QWEN3, GEMMA2, GPT_NEOX, PHI3, OPT)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for a in ADAPTERS for t in a.model_types)
 
 

@@ -30,6 +30,10 @@ class Adapter:
         norm: ``layernorm`` (mean-centred), ``rms``, or ``rms_one_plus`` (weight stored as w - 1).
         parallel_attn_mlp: config attribute that says attention and MLP read the same residual.
         conv1d: projections store weights ``[in, out]`` (GPT-2's Conv1D) instead of ``[out, in]``.
+        q_norm, k_norm: per-head norms applied to q and k after their projections (Qwen 3); they get
+            ``attn.q_norm.hook_scale`` / ``hook_normalized`` (and the same for ``k_norm``).
+        sandwich: ``attn_out`` and ``mlp_out`` are norms applied to the sublayer outputs before the
+            residual add (Gemma 2); they get ``ln1_post.*`` and ``ln2_post.*`` scale/normalized points.
     """
 
     model_types: tuple[str, ...]
@@ -57,6 +61,9 @@ class Adapter:
     parallel_attn_mlp: str | None = None
     conv1d: bool = False
     rotary: bool = True
+    q_norm: str | None = None
+    k_norm: str | None = None
+    sandwich: bool = False
 
     @property
     def gated(self) -> bool:

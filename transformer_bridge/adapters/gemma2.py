@@ -20,4 +20,5 @@ GEMMA2 = Adapter(
     mlp_down="mlp.down_proj",
     mlp_out="post_feedforward_layernorm",
     norm="rms_one_plus",
+    sandwich=True,
 )

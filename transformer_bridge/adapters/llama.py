@@ -1,9 +1,11 @@
-"""Llama layout, shared by Llama (SmolLM2), Mistral, Qwen2 and Qwen3."""
+"""Llama layout, shared by Llama (SmolLM2), Mistral, Qwen2 and (with per-head q/k norms) Qwen3."""
+
+from dataclasses import replace
 
 from .base import Adapter
 
 LLAMA = Adapter(
-    model_types=("llama", "mistral", "qwen2", "qwen3"),
+    model_types=("llama", "mistral", "qwen2"),
     embed="model.embed_tokens",
     blocks="model.layers",
     ln_final="model.norm",
@@ -20,3 +22,5 @@ LLAMA = Adapter(
     mlp_down="mlp.down_proj",
     mlp_out="mlp",
 )
+
+QWEN3 = replace(LLAMA, model_types=("qwen3",), q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")

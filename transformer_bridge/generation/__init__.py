@@ -29,18 +29,33 @@ class GenerationMixin:
 
     @overload
     def generate(
-        self, input: "Input", max_new_tokens: int = ..., *, return_dict: Literal[False] = ...,
-        return_cache: Literal[False] = ..., **kwargs: Any,
+        self,
+        input: "Input",
+        max_new_tokens: int = ...,
+        *,
+        return_dict: Literal[False] = ...,
+        return_cache: Literal[False] = ...,
+        **kwargs: Any,
     ) -> Text | Tensor: ...
     @overload
     def generate(
-        self, input: "Input", max_new_tokens: int = ..., *, return_dict: Literal[True],
-        return_cache: Literal[False] = ..., **kwargs: Any,
+        self,
+        input: "Input",
+        max_new_tokens: int = ...,
+        *,
+        return_dict: Literal[True],
+        return_cache: Literal[False] = ...,
+        **kwargs: Any,
     ) -> GenerationOutput: ...
     @overload
     def generate(
-        self, input: "Input", max_new_tokens: int = ..., *, return_dict: Literal[False] = ...,
-        return_cache: Literal[True], **kwargs: Any,
+        self,
+        input: "Input",
+        max_new_tokens: int = ...,
+        *,
+        return_dict: Literal[False] = ...,
+        return_cache: Literal[True],
+        **kwargs: Any,
     ) -> tuple[Text | Tensor, ActivationCache]: ...
     @overload
     def generate(

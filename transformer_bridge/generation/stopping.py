@@ -16,8 +16,9 @@ from torch import Tensor
 
 from .outputs import FINISH_REASONS
 
-EOS, STOP_STRING, MAX_TIME, CRITERIA = (FINISH_REASONS.index(r) for r in ("eos", "stop_string", "max_time",
-                                                                         "stopping_criteria"))
+EOS, STOP_STRING, MAX_TIME, CRITERIA = (
+    FINISH_REASONS.index(r) for r in ("eos", "stop_string", "max_time", "stopping_criteria")
+)
 Criterion = Callable[[Tensor, Tensor], Any]
 
 

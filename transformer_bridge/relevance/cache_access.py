@@ -29,9 +29,7 @@ class MissingHookError(KeyError):
         return str(self.args[0])
 
 
-def require(
-    cache: ActivationCache | None, names: Sequence[str], method: str, detail: str = ""
-) -> dict[str, Tensor]:
+def require(cache: ActivationCache | None, names: Sequence[str], method: str, detail: str = "") -> dict[str, Tensor]:
     """``{name: tensor}`` for every name, or `MissingHookError` listing the absent ones."""
     if cache is None:
         raise MissingHookError(method, names, detail, no_cache=True)

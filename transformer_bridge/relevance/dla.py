@@ -7,17 +7,19 @@ LayerNorm and) divided by the *cached* ``ln_final`` scale, then projected on ``�
 (minus the contrast token's direction for ``("logit_diff", c)``). Two bias terms complete the sum:
 ``bias:ln_final`` = ``β · W_U[:, t]`` (LayerNorm families) and ``bias:unembed`` = ``b_U[t]``. The
 components then sum to the token's logit up to float rounding; for Gemma 2 to the logit before the
-final soft-cap, with each head's output passed through the cached post-attention norm.
+final soft-cap, with each head's output passed through the post-attention norm at its cached scale
+(``blocks.L.ln1_post.hook_scale``: the norm is linear once its scale is fixed, like the final one).
 
 Reads ``blocks.0.hook_resid_pre`` (+ ``hook_pos_embed``), ``blocks.L.attn.hook_result``,
-``blocks.L.hook_mlp_out`` and ``ln_final.hook_scale``. Cost: no forward, a few small matmuls.
+``blocks.L.hook_mlp_out``, ``ln_final.hook_scale`` (+ ``blocks.L.ln1_post.hook_scale`` for Gemma 2).
+Cost: no forward, a few small matmuls.
 """
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from torch import Tensor
 
 from ..cache import ActivationCache
@@ -37,6 +39,8 @@ def dla_hooks(model: "TransformerBridge") -> list[str]:
         names.append("hook_pos_embed")
     for layer in range(model.cfg.n_layers):
         names += [f"blocks.{layer}.attn.hook_result", f"blocks.{layer}.hook_mlp_out"]
+        if model.adapter.sandwich:
+            names.append(f"blocks.{layer}.ln1_post.hook_scale")
     return [*names, "ln_final.hook_scale"]
 
 
@@ -90,9 +94,9 @@ def _components(model: "TransformerBridge", at) -> tuple[list[Tensor], list[str]
     blocks = get_module(model.hf_model, model.adapter.blocks)
     for layer, block in enumerate(blocks):
         heads = at(f"blocks.{layer}.attn.hook_result")  # [explained, head, d_model]
-        attn_out = get_module(block, model.adapter.attn_out)
-        if "norm" in type(attn_out).__name__.lower():
-            heads = _through_sandwich_norm(attn_out, heads)
+        if model.adapter.sandwich:
+            gamma = 1.0 + get_module(block, model.adapter.attn_out).weight.detach().float().to(heads.device)
+            heads = heads / at(f"blocks.{layer}.ln1_post.hook_scale")[:, None] * gamma
         parts += list(heads.unbind(1))
         labels += [f"L{layer}H{h}" for h in range(heads.shape[1])]
         bias = getattr(get_module(block, model.adapter.o_proj), "bias", None)
@@ -102,14 +106,6 @@ def _components(model: "TransformerBridge", at) -> tuple[list[Tensor], list[str]
         parts.append(at(f"blocks.{layer}.hook_mlp_out"))
         labels.append(f"L{layer}.mlp")
     return parts, labels
-
-
-def _through_sandwich_norm(norm: torch.nn.Module, heads: Float[Tensor, "n head d_model"]) -> Tensor:
-    """Gemma 2's post-attention RMSNorm is linear given its scale, which the heads' sum fixes."""
-    total = heads.sum(1, keepdim=True)
-    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6))
-    inv = torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + eps)
-    return heads * inv * (1.0 + norm.weight.detach().float().to(heads.device))
 
 
 def _direction(model: "TransformerBridge", ids: Tensor, target: Target) -> Tensor:

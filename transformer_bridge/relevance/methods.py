@@ -97,9 +97,7 @@ def explain(
     options = method_options(method)
     unknown = [k for k in method_kwargs if k not in options]
     if unknown:
-        raise TypeError(
-            f"Method {method!r} got unknown option(s) {unknown}; it accepts {options or 'no options'}."
-        )
+        raise TypeError(f"Method {method!r} got unknown option(s) {unknown}; it accepts {options or 'no options'}.")
     if not explained:
         raise ValueError("Nothing to explain: the list of tokens to explain is empty.")
     spec_target = parse_target(target, model)

@@ -137,8 +137,10 @@ class Relevance(Sequence[StepRelevance]):
     def matrix(self) -> Float[Tensor, "explained pos"]:
         """The per-token matrix (explained tokens × source columns); ``scores`` for token methods."""
         if self.kind != "tokens":
-            raise ValueError(f"`matrix` is the explained × source-token matrix; method {self.method!r} gives "
-                             f"{self.kind}, read `scores` and `labels` instead.")
+            raise ValueError(
+                f"`matrix` is the explained × source-token matrix; method {self.method!r} gives "
+                f"{self.kind}, read `scores` and `labels` instead."
+            )
         return self.scores
 
     def __repr__(self) -> str:
