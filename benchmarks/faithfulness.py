@@ -13,12 +13,14 @@ Per method: ABPC = mean_k(f_LeRF − f_MoRF) (higher is better), AOPC of each cu
 (mean_k(f_0 − f_k)), comprehensiveness and sufficiency at 20 % of the rankable tokens, conservation
 error |ΣR − f| / |f|, seconds per explained token and its ratio to one forward of the sequence;
 mean ± standard error over targets, and a paired bootstrap over prompts of the ABPC difference
-against ``random`` (mean of 3 seeds) and ``grad_x_input``.
+against ``random`` (mean of 3 seeds) and ``grad_x_input``, and of ``attnlrp`` against every method.
 
     .venv/bin/python benchmarks/faithfulness.py --smoke              # a few prompts, for CI (< 1 min)
     .venv/bin/python benchmarks/faithfulness.py --out results.json   # all 100 prompts (long on CPU)
 
 Results are rewritten after every prompt, so a run stopped early still reports what it measured.
+Parts run separately (``--start``/``--limit``, e.g. one process per core) are combined with
+``--merge part0.json part1.json ... --out all.json``, which recomputes the table from their records.
 """
 
 import argparse
@@ -37,6 +39,7 @@ from transformer_bridge.relevance import relevance_hooks
 
 PROMPTS = Path(__file__).parent / "data" / "faithfulness_prompts.json"
 RANDOM_SEEDS = (0, 1, 2)
+LEAD = "attnlrp"  # the method every other one is also compared with (paired bootstrap)
 
 
 def method_table(ig_steps: int) -> dict[str, tuple[str, dict]]:
@@ -213,12 +216,14 @@ def summarise(records: list[dict], methods: list[str], operators: list[str]) -> 
             per_prompt[m] = pp
             table[m] = {k: mean_se([t[k] for t in tm]) for k in tm[0]}
         versus = {}
-        for m in methods:
+        for m in [*methods, "random"]:
             versus[m] = {
                 base: paired_bootstrap(per_prompt[m], per_prompt[base])
                 for base in ("random", "grad_x_input")
-                if base in per_prompt and base != m
+                if base in per_prompt and base != m and m != "random"
             }
+            if LEAD in per_prompt and m != LEAD:  # the lead method against this one
+                versus[m][LEAD] = paired_bootstrap(per_prompt[LEAD], per_prompt[m])
         summary["operators"][op] = {"table": table, "versus": versus}
     return summary
 
@@ -232,8 +237,8 @@ def markdown(summary: dict, methods: list[str]) -> str:
             f"operator: {op}",
             "",
             "| method | ABPC ↑ | AOPC MoRF ↑ | AOPC LeRF ↓ | comp@20% ↑ | suff@20% ↓ | ABPC − random [95% CI] "
-            "| ABPC − grad×input [95% CI] | cons. err. (median) | s / token | × forward |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            f"| ABPC − grad×input [95% CI] | {LEAD} − this [95% CI] | cons. err. (median) | s / token | × forward |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         order = sorted([*[m for m in methods if not m.startswith("random_s")], "random"],
                        key=lambda m: -block["table"][m]["abpc"][0])  # fmt: skip
@@ -242,7 +247,7 @@ def markdown(summary: dict, methods: list[str]) -> str:
             cells = [f"{t[k][0]:.3f} ± {t[k][1]:.3f}" for k in
                      ("abpc", "aopc_morf", "aopc_lerf", "comprehensiveness@20", "sufficiency@20")]  # fmt: skip
             vs = block["versus"].get(m, {})
-            for base in ("random", "grad_x_input"):
+            for base in ("random", "grad_x_input", LEAD):
                 if base in vs:
                     d, lo, hi = vs[base]
                     cells.append(f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
@@ -261,6 +266,35 @@ def markdown(summary: dict, methods: list[str]) -> str:
     return "\n".join(lines)
 
 
+def merge(paths: list[Path], out: Path | None) -> dict:
+    """One table from several partial runs: records in prompt-file order, each prompt once."""
+    parts = [json.loads(p.read_text()) for p in paths]
+    keys = ("max_new_tokens", "ig_steps", "operators")
+    settings = {k: parts[0]["args"][k] for k in keys}
+    for path, part in zip(paths, parts, strict=True):
+        if {k: part["args"][k] for k in keys} != settings:
+            got = [part["args"][k] for k in keys]
+            raise SystemExit(f"{path}: settings {got} differ from {list(settings.values())} ({keys})")
+    order = {p: i for i, p in enumerate(json.loads(PROMPTS.read_text())["prompts"])}
+    by_prompt: dict[str, dict] = {}
+    for path, part in zip(paths, parts, strict=True):
+        for record in part["records"]:
+            if record["prompt"] in by_prompt:
+                raise SystemExit(f"{path}: prompt {record['prompt']!r} is already in an earlier file")
+            by_prompt[record["prompt"]] = record
+    records = sorted(by_prompt.values(), key=lambda r: order.get(r["prompt"], len(order)))
+    methods = list(method_table(settings["ig_steps"]))
+    operators = [o for o in settings["operators"].split(",") if o]
+    summary = summarise(records, methods, operators)
+    text = markdown(summary, methods)
+    print(text)
+    if out:
+        merged_args = {**settings, "merged_from": [str(p) for p in paths]}
+        out.write_text(json.dumps({"summary": summary, "records": records, "args": merged_args}, indent=1))
+        out.with_suffix(".md").write_text(text + "\n")
+    return summary
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="2 prompts, 2 tokens, IG with 4 steps, deletion (CI)")
@@ -272,7 +306,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--chunk", type=int, default=64, help="rows per perturbation forward")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is steadiest on a shared CPU)")
     parser.add_argument("--out", type=Path, default=None, help="JSON results (rewritten after every prompt)")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="combine the records of earlier runs (same settings) instead of measuring")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.smoke:
