@@ -267,3 +267,17 @@ def test_smollm2_greedy_equals_hf_single_and_batched(smollm2):
     tokens, mask = smollm2.to_tokens(prompts)
     for t, m in [(tokens[:1, -6:], mask[:1, -6:]), (tokens, mask)]:
         assert torch.equal(smollm2.generate(t, attention_mask=m, max_new_tokens=12), hf_greedy(smollm2, t, m, 12))
+
+
+def test_generate_and_plan_share_one_option_list():
+    """`plan` takes every decoding option of `generate`, none with a default of its own."""
+    import inspect
+
+    from transformer_bridge.generation import GenerationMixin, decode
+
+    gen = inspect.signature(GenerationMixin.generate).parameters
+    plan = inspect.signature(decode.plan).parameters
+    options = {n: p for n, p in plan.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert all(p.default is inspect.Parameter.empty for p in options.values())
+    generate_only = {"attention_mask", "return_type", "return_cache", "names_filter", "device", "prepend_bos"}
+    assert set(options) == set(gen) - {"self", "input"} - generate_only
