@@ -51,14 +51,8 @@ class RelevanceMixin:
             >>> run = model.forward_pass("The capital of France is", max_new_tokens=8, temperature=0)
             >>> rel = run.relevance_pass(token_indices=[0, 4])
         """
-        generate = getattr(self, "generate", None)
-        if generate is None:
-            raise NotImplementedError(
-                "`forward_pass` needs `model.generate` (transformer_bridge.generation). Without it, build a "
-                "RelevanceRun from your own tokens: RelevanceRun(model, sequences, attention_mask, prompt_width)."
-            )
         tokens, mask = self.prepare_input(input, attention_mask)
-        output, cache = generate(
+        output, cache = self.generate(
             tokens,
             attention_mask=mask,
             max_new_tokens=max_new_tokens,
