@@ -10,35 +10,23 @@ from transformer_bridge import ActivationCache
 from transformer_bridge.relevance import METHODS, ClearedRunError, MissingHookError, RelevanceRun
 
 
-def greedy_generate(model, calls):
-    """A stand-in for `generate` with the agreed contract: greedy, full forwards, then one cache forward."""
-
-    def generate(tokens, attention_mask, max_new_tokens, return_cache, names_filter, device, return_dict, **kw):
-        calls.append(dict(max_new_tokens=max_new_tokens, names_filter=names_filter, device=device, **kw))
-        seqs, mask = tokens, attention_mask
-        for _ in range(max_new_tokens):
-            with torch.no_grad():
-                nxt = model(seqs, attention_mask=mask)[:, -1].argmax(-1, keepdim=True)
-            seqs, mask = torch.cat([seqs, nxt], 1), torch.cat([mask, torch.ones_like(nxt)], 1)
-        _, cache = model.run_with_cache(seqs, names_filter=names_filter, device=device, attention_mask=mask)
-        cache.prompt_lengths = attention_mask.sum(-1)
-        out = SimpleNamespace(sequences=seqs, attention_mask=mask, prompt_width=tokens.shape[1],
-                              prompt_lengths=cache.prompt_lengths)  # GenerationOutput's fields  # fmt: skip
-        return out, cache
-
-    return generate
-
-
 @pytest.fixture()
 def model():
+    """A tiny Llama whose real `generate` records each call (to prove explaining never regenerates)."""
     m = make_bridge("llama")
     m.calls = []
-    m.generate = greedy_generate(m, m.calls)
+    real = m.generate
+
+    def recording_generate(*args, **kwargs):
+        m.calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    m.generate = recording_generate
     return m
 
 
 def test_forward_pass_then_relevance_pass(model):
-    run = model.forward_pass(["Hi", "The capital"], max_new_tokens=5, top_k=3)
+    run = model.forward_pass(["Hi", "The capital"], max_new_tokens=5, top_k=3, seed=0, stop_at_eos=False)
     assert model.calls[0]["device"] == "cpu" and model.calls[0]["top_k"] == 3 and model.calls[0]["names_filter"] is None
     assert run.prompt_width == 12 and run.n_generated == 5 and run.sequences.shape == (2, 17)
     rel = run.relevance_pass(token_indices=[0, 4])
