@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from transformer_bridge import TransformerBridge
 
 
-def _median_times(fns: dict, repeats: int) -> dict[str, float]:
+def median_times(fns: dict, repeats: int) -> dict[str, float]:
     times: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():  # warm-up
         fn()
@@ -50,7 +50,7 @@ def bench(label: str, hf_model, tokens: torch.Tensor, repeats: int) -> None:
     def cache_all():
         model.run_with_cache(tokens)
 
-    med = _median_times({"raw HF": raw, "bridge, no hooks": bridge, "bridge, 1 resid hook": one_hook,
+    med = median_times({"raw HF": raw, "bridge, no hooks": bridge, "bridge, 1 resid hook": one_hook,
                          "run_with_cache (all)": cache_all}, repeats)  # fmt: skip
     _, cache = model.run_with_cache(tokens)
     n_tok = tokens.numel()
