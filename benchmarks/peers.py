@@ -42,8 +42,17 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max())
 
 
+def _cache_size(cache) -> tuple[int, float]:
+    """Names, and MB with each distinct storage counted once (aliases share storage)."""
+    storages = {}
+    for t in cache.values():
+        if isinstance(t, torch.Tensor):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return len(cache), sum(storages.values()) / 2**20
+
+
 def _peers(path: str, tokenizer) -> dict:
-    """name → (forward, steered forward, cache-all forward, generate, generate with cache); None where absent."""
+    """The installed peers, each wrapping its own copy of the model: name → wrapped model."""
     found: dict = {}
     if importlib.util.find_spec("transformer_lens") is not None:
         try:
@@ -79,13 +88,13 @@ def forward_table(path: str, tokenizer, peers: dict, tokens: torch.Tensor, repea
     fns["this bridge"] = lambda: ours(tokens)
     fns["this bridge, steered"] = lambda: ours.run_with_hooks(tokens, fwd_hooks=[(name, add)])
     fns["this bridge, run_with_cache (all)"] = lambda: ours.run_with_cache(tokens)[0]
-    cache_sizes = {"this bridge": lambda: len(ours.run_with_cache(tokens)[1])}
+    cache_sizes = {"this bridge": lambda: _cache_size(ours.run_with_cache(tokens)[1])}
     lens = peers.get("TransformerLens bridge")
     if lens is not None:
         fns["TL bridge"] = lambda: lens(tokens)
         fns["TL bridge, steered"] = lambda: lens.run_with_hooks(tokens, fwd_hooks=[(name, add)])
         fns["TL bridge, run_with_cache (all)"] = lambda: lens.run_with_cache(tokens)[0]
-        cache_sizes["TL bridge"] = lambda: len(lens.run_with_cache(tokens)[1])
+        cache_sizes["TL bridge"] = lambda: _cache_size(lens.run_with_cache(tokens)[1])
     nn = peers.get("nnsight")
     if nn is not None:
 
@@ -115,7 +124,8 @@ def forward_table(path: str, tokenizer, peers: dict, tokens: torch.Tensor, repea
         diff = "—" if key in ("HF (sdpa)", "this bridge, steered") else f"{_max_diff(outputs[key], against):.1e} {ref}"
         print(f"| {key} | {t * 1e3:.1f} | {t / base:.2f}x | {diff} |")
     with torch.no_grad():
-        print("cached names: " + ", ".join(f"{k} {fn()}" for k, fn in cache_sizes.items()))
+        sizes = [f"{k}: {n} names, {mb:.0f} MB" for k, fn in cache_sizes.items() for n, mb in [fn()]]
+    print(f"run_with_cache (all) at {tokens.shape[1]} tokens — " + "; ".join(sizes))
 
 
 def generate_table(path: str, tokenizer, peers: dict, new_tokens: int, repeats: int) -> None:
