@@ -20,10 +20,12 @@ against ``random`` (mean of 3 seeds) and ``grad_x_input``, and of ``attnlrp`` ag
 
 Results are rewritten after every prompt, so a run stopped early still reports what it measured.
 Parts run separately (``--start``/``--limit``, e.g. one process per core) are combined with
-``--merge part0.json part1.json ... --out all.json``, which recomputes the table from their records.
+``--merge part0.json part1.json ... --out all.json``, which recomputes the table from their records
+(``.json.gz`` files are read too: benchmarks/results/ keeps the measured run that way).
 """
 
 import argparse
+import gzip
 import json
 import math
 import statistics
@@ -268,7 +270,7 @@ def markdown(summary: dict, methods: list[str]) -> str:
 
 def merge(paths: list[Path], out: Path | None) -> dict:
     """One table from several partial runs: records in prompt-file order, each prompt once."""
-    parts = [json.loads(p.read_text()) for p in paths]
+    parts = [json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text()) for p in paths]
     keys = ("max_new_tokens", "ig_steps", "operators")
     settings = {k: parts[0]["args"][k] for k in keys}
     for path, part in zip(paths, parts, strict=True):

@@ -1,5 +1,6 @@
 """The faithfulness benchmark's arithmetic (metrics, bootstrap, merging partial runs) on synthetic records."""
 
+import gzip
 import importlib.util
 import json
 from pathlib import Path
@@ -82,3 +83,17 @@ def test_merge_refuses_duplicate_prompts_and_mixed_settings(tmp_path):
     other = _write(tmp_path / "c.json", [_record(prompts[1], 1.0)], max_new_tokens=8)
     with pytest.raises(SystemExit, match="differ"):
         bench.merge([a, other], None)
+
+
+def test_merge_reads_gzipped_results(tmp_path):
+    prompts = json.loads(bench.PROMPTS.read_text())["prompts"]
+    plain = _write(tmp_path / "a.json", [_record(prompts[0], 1.0), _record(prompts[1], 2.0)])
+    packed = tmp_path / "a.json.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert bench.merge([packed], None) == bench.merge([plain], None)
+
+
+def test_the_committed_results_reproduce_the_committed_table(capsys):
+    results = _PATH.parent / "results"
+    bench.merge([results / "faithfulness_smollm2.json.gz"], None)
+    assert capsys.readouterr().out == (results / "faithfulness_smollm2.md").read_text()
