@@ -8,10 +8,10 @@ Peers, each timed only where installed (neither is a dependency of this project)
 
 Every tool wraps its own copy of the same weights. Forward workloads (batch 1, ``--tokens`` random
 tokens): no intervention; one steering edit (a fixed random vector added to the residual stream
-after block 15); caching every hook point. Generation: greedy, ``--gen-tokens`` new tokens from a
-real prompt, then the same with a cache of prompt + output. Reported: median ms, ratio to raw HF
-(SDPA), and the largest logit difference to raw HF (no edit) or to this bridge (steered) — the
-latter says the tools edit the same tensor.
+after block 15); caching every hook point. Generation: greedy, exactly ``--gen-tokens`` new tokens
+from a real prompt (EOS does not stop any tool), then the same with a cache of prompt + output.
+Reported: median ms, ratio to raw HF (SDPA), and the largest logit difference to raw HF (no edit)
+or to this bridge (steered) — the latter says the tools edit the same tensor.
 
     .venv/bin/python benchmarks/peers.py [--tokens 128] [--repeats 11] [--gen-tokens 32]
 """
@@ -34,12 +34,20 @@ LAYER = 15
 PROMPT = "The Eiffel Tower is located in the city of"
 
 
-def _load(path: str, attn: str = "sdpa"):
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn).eval()
+def _load(path: str):
+    """A fresh HF copy; its generation config never stops at EOS, like ``stop_at_eos=False`` elsewhere."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    return model
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max())
+
+
+def _not_result(name: str) -> bool:
+    """TransformerLens' bridge has no per-head ``attn.hook_result``; this filter caches the same kinds of points."""
+    return not name.endswith("attn.hook_result")
 
 
 def _cache_size(cache) -> tuple[int, float]:
@@ -88,7 +96,15 @@ def forward_table(path: str, tokenizer, peers: dict, tokens: torch.Tensor, repea
     fns["this bridge"] = lambda: ours(tokens)
     fns["this bridge, steered"] = lambda: ours.run_with_hooks(tokens, fwd_hooks=[(name, add)])
     fns["this bridge, run_with_cache (all)"] = lambda: ours.run_with_cache(tokens)[0]
-    cache_sizes = {"this bridge": lambda: _cache_size(ours.run_with_cache(tokens)[1])}
+    fns["this bridge, run_with_cache (all but attn.hook_result)"] = lambda: ours.run_with_cache(
+        tokens, names_filter=_not_result
+    )[0]
+    cache_sizes = {
+        "this bridge": lambda: _cache_size(ours.run_with_cache(tokens)[1]),
+        "this bridge without attn.hook_result (not in TL's set)": lambda: _cache_size(
+            ours.run_with_cache(tokens, names_filter=_not_result)[1]
+        ),
+    }
     lens = peers.get("TransformerLens bridge")
     if lens is not None:
         fns["TL bridge"] = lambda: lens(tokens)
@@ -135,7 +151,7 @@ def generate_table(path: str, tokenizer, peers: dict, new_tokens: int, repeats: 
     mask = torch.ones_like(ids)
     fns = {
         "HF generate": lambda: raw.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                                            min_new_tokens=new_tokens, pad_token_id=tokenizer.eos_token_id),
+                                            pad_token_id=tokenizer.eos_token_id),
         "this bridge": lambda: ours.generate(ids, max_new_tokens=new_tokens, stop_at_eos=False),
         "this bridge + return_cache (all)": lambda: ours.generate(ids, max_new_tokens=new_tokens, stop_at_eos=False,
                                                                   return_cache=True)[0],
@@ -151,7 +167,7 @@ def generate_table(path: str, tokenizer, peers: dict, new_tokens: int, repeats: 
     if nn is not None:
 
         def nn_generate():
-            with nn.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+            with nn.generate(ids, max_new_tokens=new_tokens, do_sample=False,
                              pad_token_id=tokenizer.eos_token_id) as tracer:  # fmt: skip
                 out = tracer.result.save()
             return out
