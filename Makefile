@@ -35,3 +35,4 @@ lint: $(STAMP)
 bench: setup
 	$(PY) benchmarks/forward.py
 	$(PY) benchmarks/generate.py
+	$(PY) benchmarks/peers.py
