@@ -289,7 +289,9 @@ def build_sites(
         attn_out_site = site(m(adapter.attn_out), "post", identity)
         attn_out_site.process = _attn_out_and_mid(attn_out_site, stash, layer)
         if adapter.sandwich:
-            attn_out_site.process = _after_norm(norm(adapter.norm, m(adapter.attn_out)), attn_out_site.process)
+            attn_out_site.process = _after_norm(
+                attn_out_site, norm(adapter.norm, m(adapter.attn_out)), attn_out_site.process
+            )
             add(p + "ln1_post.hook_scale", attn_out_site, "scale")
             add(p + "ln1_post.hook_normalized", attn_out_site, "normalized")
         add(p + "hook_attn_out", attn_out_site, "attn_out")
@@ -311,7 +313,8 @@ def build_sites(
         add(p + "mlp.hook_post", site(m(adapter.mlp_down), "pre", identity))
         mlp_out = m(adapter.mlp_out)
         if adapter.sandwich:
-            mlp_out_site = site(mlp_out, "post", _after_norm(norm(adapter.norm, mlp_out), _keyed("mlp_out")))
+            mlp_out_site = site(mlp_out, "post", identity)
+            mlp_out_site.process = _after_norm(mlp_out_site, norm(adapter.norm, mlp_out), _keyed("mlp_out"))
             add(p + "ln2_post.hook_scale", mlp_out_site, "scale")
             add(p + "ln2_post.hook_normalized", mlp_out_site, "normalized")
             add(p + "hook_mlp_out", mlp_out_site, "mlp_out")
@@ -333,15 +336,18 @@ def _keyed(key: str) -> Callable:
     return process
 
 
-def _after_norm(norm_process: Callable, then: Callable) -> Callable:
+def _after_norm(site: Site, norm_process: Callable, then: Callable) -> Callable:
     """A norm's own points (``scale``, ``normalized``), then the points that read its output.
 
     Gemma 2's sandwich norms are also the modules whose outputs are ``hook_attn_out`` and
-    ``hook_mlp_out``; one torch hook serves both, so their order is fixed.
+    ``hook_mlp_out``; one torch hook serves both, so their order is fixed. The norm's scale is
+    recomputed only while one of its own points is hooked.
     """
 
     def process(run: Run, out: Tensor, x: Tensor | None) -> Tensor:
-        return then(run, norm_process(run, out, x), x)
+        if any(site.points[k].active for k in ("scale", "normalized")):
+            out = norm_process(run, out, x)
+        return then(run, out, x)
 
     return process
 
