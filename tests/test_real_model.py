@@ -48,3 +48,20 @@ def test_padded_batch_rows_match_single(smollm2):
         for i, p in enumerate(prompts):
             alone = smollm2(p)[0]
             torch.testing.assert_close(batch[i, -alone.shape[0] :], alone, atol=1e-4, rtol=1e-4)
+
+
+def test_the_demo_runs_and_says_what_the_readme_promises(smollm2, capsys, tmp_path, monkeypatch):
+    """`make demo`'s script end to end: exact logits, steering flips Paris to London, a token explained."""
+    import importlib.util
+    from pathlib import Path
+
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
+    spec = importlib.util.spec_from_file_location("demo", Path(__file__).parents[1] / "examples" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    demo.main()
+    out = capsys.readouterr().out
+    assert "bitwise equal to HF: True" in out
+    assert "alpha=0.4: 'The capital of France is London." in out
+    assert "Why ' Paris'?" in out and "attnlrp, top input tokens: 'iffel'" in out
+    assert (tmp_path / "transformer_bridge_attnlrp.png").stat().st_size > 10_000
