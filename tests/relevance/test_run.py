@@ -122,3 +122,19 @@ def test_forward_pass_generates_then_explains():
     rel = run.relevance_pass([0, 3], method="cp_lrp")
     assert len(rel) == 4 and (rel.conservation_error < 1e-4).all()
     assert all(s.relevance.shape[0] == len(s.source_tokens) for s in rel)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2"])
+def test_every_method_runs_in_bfloat16(family):
+    """Accelerator users run bf16 models: every method gives finite float32 scores, cp_lrp still ≈ conserves."""
+    model = make_bridge(family)
+    model.hf_model.to(torch.bfloat16)
+    run = model.forward_pass("Hello wor", max_new_tokens=3, do_sample=False, stop_at_eos=False)
+    corrupted = run.sequences.clone()
+    corrupted[0, 2] = (corrupted[0, 2] + 1) % model.cfg.d_vocab
+    for method in METHODS:
+        options = {"corrupted_tokens": corrupted} if method == "attribution_patching" else {}
+        rel = run.relevance_pass(method=method, **options)
+        assert rel.scores.dtype == torch.float32 and torch.isfinite(rel.scores).all(), method
+    if family != "gpt2":  # bias-free: conservation up to bf16 rounding of the forward
+        assert (run.relevance_pass(method="cp_lrp").conservation_error < 0.02).all()
