@@ -134,9 +134,10 @@ def test_not_a_model():
         (3.5, TypeError, "input"),
         ([1, 2, 3], TypeError, "input"),
         (torch.tensor([[1.0, 2.0]]), TypeError, "integer"),
-        (torch.tensor([[1, V]]), ValueError, r"vocabulary \[0, 98\]"),
-        (torch.tensor([[-1, 2]]), ValueError, "vocabulary"),
-        (torch.zeros(1, 0, dtype=torch.long), ValueError, "pos"),
+        (torch.tensor([[1, V]]), ValueError, r"token id 99, outside the vocabulary \[0, 98\]"),
+        (torch.tensor([[-1, 2]]), ValueError, "token id -1, outside the vocabulary"),
+        (torch.zeros(1, 0, dtype=torch.long), ValueError, "pos ≥ 1"),
+        (torch.zeros(0, 3, dtype=torch.long), ValueError, "batch ≥ 1"),
         (torch.ones(1, 200, dtype=torch.long), ValueError, "context limit is 128"),
     ],
 )

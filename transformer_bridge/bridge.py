@@ -271,13 +271,15 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
                 f"`input` must be a str, a list of str, or a tensor of token ids [batch, pos]; got {_describe(input)}."
             )
         tokens = input[None] if input.dim() == 1 else input
-        if tokens.dim() != 2 or tokens.shape[1] == 0:
-            raise ValueError(f"`input` tokens must have shape [batch, pos] with pos ≥ 1, got {tuple(input.shape)}.")
+        if tokens.dim() != 2 or 0 in tokens.shape:
+            raise ValueError(
+                f"`input` tokens must have shape [batch, pos] with batch ≥ 1 and pos ≥ 1, got {tuple(input.shape)}."
+            )
         if tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
             raise TypeError(f"`input` tokens must be an integer tensor, got dtype {tokens.dtype}.")
-        outside = (tokens < 0) | (tokens >= self.cfg.d_vocab)
-        if outside.any():  # one device sync on the good path
-            bad = int(tokens[outside][0])
+        low, high = torch.stack(torch.aminmax(tokens)).tolist()  # one device sync on the good path
+        if low < 0 or high >= self.cfg.d_vocab:
+            bad = low if low < 0 else high
             raise ValueError(f"`input` contains token id {bad}, outside the vocabulary [0, {self.cfg.d_vocab - 1}].")
         if attention_mask is None:
             attention_mask = torch.ones_like(tokens)
@@ -291,7 +293,8 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
         n_ctx = self.cfg.n_ctx
         if n_ctx is not None and tokens.shape[1] > n_ctx:
             raise ValueError(f"`input` has {tokens.shape[1]} tokens; the model's context limit is {n_ctx}.")
-        return tokens.to(self.device).long(), attention_mask.to(self.device).long()
+        device = self.device
+        return tokens.to(device).long(), attention_mask.to(device).long()
 
     # -- forward ------------------------------------------------------------------------------
     def run_model(
