@@ -31,6 +31,7 @@ test: setup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: setup
 	$(PY) benchmarks/forward.py

@@ -52,8 +52,10 @@ def main() -> None:
     if args.flush_denormal:
         torch.set_flush_denormal(True)
     model = TransformerBridge.from_pretrained(str(smollm2_path()), dtype=torch.float32)
-    print(f"SmolLM2-135M-Instruct fp32, CPU, {torch.get_num_threads()} threads, greedy, {args.new} new tokens, "
-          f"median of {args.rounds} rounds, flush_denormal={args.flush_denormal}, torch {torch.__version__}")
+    print(
+        f"SmolLM2-135M-Instruct fp32, CPU, {torch.get_num_threads()} threads, greedy, {args.new} new tokens, "
+        f"median of {args.rounds} rounds, flush_denormal={args.flush_denormal}, torch {torch.__version__}"
+    )
     for batch in (1, 4):
         bench(model, PROMPTS[:batch], args.new, args.rounds)
 
@@ -98,11 +100,14 @@ def bench(model: TransformerBridge, prompts: list[str], n: int, rounds: int) -> 
     print(f"\nbatch {batch} (prompt width {tokens.shape[1]})")
     print(f"{'variant':<16}{'median s':>9}{'tokens/s':>10}{'vs HF':>8}{'best s':>9}{'vs HF':>8}")
     for name in ("hf", "bridge", "steer", "return_cache"):
-        print(f"{name:<16}{med[name]:>9.3f}{batch * n / med[name]:>10.1f}{med['hf'] / med[name]:>7.2f}x"
-              f"{best[name]:>9.3f}{best['hf'] / best[name]:>7.2f}x")
+        print(
+            f"{name:<16}{med[name]:>9.3f}{batch * n / med[name]:>10.1f}{med['hf'] / med[name]:>7.2f}x"
+            f"{best[name]:>9.3f}{best['hf'] / best[name]:>7.2f}x"
+        )
     print(f"return_cache = generate + one recompute forward: recompute {med['recompute']:.3f} s (best "
           f"{best['recompute']:.3f}); run_with_cache on the same tokens {med['run_with_cache']:.3f} s (best "
           f"{best['run_with_cache']:.3f})")  # fmt: skip
+
 
 if __name__ == "__main__":
     main()
