@@ -49,6 +49,10 @@ def method_table(ig_steps: int) -> dict[str, tuple[str, dict]]:
         "attnlrp": ("attnlrp", {}),
         "cp_lrp": ("cp_lrp", {}),
         f"integrated_gradients({ig_steps})": ("integrated_gradients", {"steps": ig_steps}),
+        f"integrated_gradients_keep_first({ig_steps})": (
+            "integrated_gradients",
+            {"steps": ig_steps, "keep_first": True},
+        ),
         "grad_norm": ("grad_norm", {}),
         "grad_x_input": ("grad_x_input", {}),
         "attention_last": ("attention", {"mode": "last"}),
@@ -285,7 +289,9 @@ def merge(paths: list[Path], out: Path | None) -> dict:
                 raise SystemExit(f"{path}: prompt {record['prompt']!r} is already in an earlier file")
             by_prompt[record["prompt"]] = record
     records = sorted(by_prompt.values(), key=lambda r: order.get(r["prompt"], len(order)))
-    methods = list(method_table(settings["ig_steps"]))
+    methods = list(records[0]["seconds"])  # what was measured (the table may have grown since)
+    if any(list(r["seconds"]) != methods for r in records):
+        raise SystemExit("The files measured different methods; merge only runs of the same --methods.")
     operators = [o for o in settings["operators"].split(",") if o]
     summary = summarise(records, methods, operators)
     text = markdown(summary, methods)
@@ -308,6 +314,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--chunk", type=int, default=64, help="rows per perturbation forward")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is steadiest on a shared CPU)")
     parser.add_argument("--out", type=Path, default=None, help="JSON results (rewritten after every prompt)")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated names from the table (default: all); random always runs")  # fmt: skip
     parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
                         help="combine the records of earlier runs (same settings) instead of measuring")  # fmt: skip
     args = parser.parse_args(argv)
@@ -323,6 +331,12 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = json.loads(PROMPTS.read_text())["prompts"]
     prompts = prompts[args.start :][: args.limit]
     table = method_table(args.ig_steps)
+    if args.methods:
+        chosen = [m.strip() for m in args.methods.split(",") if m.strip()]
+        unknown = [m for m in chosen if m not in table]
+        if unknown:
+            parser.error(f"--methods: unknown {unknown}; choose from {[m for m in table if 'random' not in m]}")
+        table = {m: v for m, v in table.items() if m in chosen or m.startswith("random_s")}
     methods = list(table)
 
     torch.manual_seed(0)

@@ -54,6 +54,45 @@ def test_integrated_gradients_equals_manual_riemann_sum():
         torch.testing.assert_close(rel.scores[i], (emb * total / 8).sum(-1), atol=1e-5, rtol=1e-4)
 
 
+def test_integrated_gradients_keep_first_holds_the_first_token_on_the_path():
+    model = make_bridge("llama")
+    tokens = random_tokens(1, 8)
+    run = tiny_run(model, tokens, prompt_width=6, cache=False)
+    rel = run.relevance_pass(method="integrated_gradients", steps=8, keep_first=True)
+    for i, step in enumerate(rel):
+        total = 0
+        for a in ((torch.arange(8) + 0.5) / 8).tolist():
+            factor = torch.full((1, 8, 1), a)
+            factor[0, 0] = 1.0  # the first token stays at its embedding
+            emb, grad, _ = _embed_grads(model, tokens, step.position, scale=factor)
+            total = total + grad
+        want = (emb * total / 8).sum(-1)
+        want[0] = 0.0
+        torch.testing.assert_close(rel.scores[i], want, atol=1e-5, rtol=1e-4)
+    # Completeness against the matching baseline (first token kept): the gap shrinks with steps.
+    coarse = run.relevance_pass(method="integrated_gradients", steps=2, keep_first=True).conservation_error
+    fine = run.relevance_pass(method="integrated_gradients", steps=64, keep_first=True).conservation_error
+    assert (fine < coarse).all() and (fine < 2e-2).all()
+    with pytest.raises(ValueError, match="keep_first"):
+        run.relevance_pass(method="integrated_gradients", keep_first="yes")
+
+
+def test_integrated_gradients_keep_first_finds_each_rows_first_real_token():
+    model = make_bridge("qwen2")
+    padded = random_tokens(2, 9)
+    mask = torch.ones_like(padded)
+    mask[0, :3] = 0  # row 0: three left-padding columns
+    run = tiny_run(model, padded, prompt_width=6, mask=mask, cache=False)
+    rel = run.relevance_pass(method="integrated_gradients", steps=4, keep_first=True)
+    for i, step in enumerate(rel):
+        first = 3 if step.batch_index == 0 else 0
+        assert rel.scores[i, first] == 0 and rel.scores[i, first + 1 : step.position].abs().min() > 0
+        alone = tiny_run(model, padded[step.batch_index : step.batch_index + 1, first:], prompt_width=6 - first,
+                         cache=False).relevance_pass([step.step_index], method="integrated_gradients", steps=4,
+                                                     keep_first=True)  # fmt: skip
+        torch.testing.assert_close(rel.scores[i, first:], alone.scores[0], atol=1e-5, rtol=1e-4)
+
+
 def test_integrated_gradients_completeness_improves_with_steps():
     model = make_bridge("gpt2")
     tokens = random_tokens(1, 8)

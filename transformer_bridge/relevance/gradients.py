@@ -4,7 +4,8 @@
   with ``attributed_fn="logit"``). Cost: one forward + one backward per round.
 - ``grad_norm``: ``‖∂f/∂e_i‖₂`` (non-negative, the saliency of Simonyan et al.). Same cost.
 - ``integrated_gradients``: ``Σ_d e_{i,d} · mean_α ∂f/∂e_{i,d}(α e)`` with a zero-embedding
-  baseline and the midpoint rule over ``steps`` values of α, the α batched along the batch axis
+  baseline (``keep_first=True``: the first token stays at its embedding) and the midpoint rule over
+  ``steps`` values of α, the α batched along the batch axis
   (``internal_batch_size`` rows at a time). Position embeddings (GPT-2, OPT) are not scaled.
   Cost: ``steps`` forwards + ``steps`` backwards per round. Completeness: Σ IG ≈ f(e) − f(0); the
   gap is reported as ``conservation_error``.
@@ -73,48 +74,69 @@ def integrated_gradients(
     cache=None,
     steps: int = 32,
     internal_batch_size: int | None = None,
+    keep_first: bool = False,
 ) -> MethodOutput:
     """Integrated gradients from a zero token embedding, ``steps`` midpoint α values.
 
     ``internal_batch_size`` bounds the rows of one forward (batch rows × α values); by default all
-    ``steps`` α values of one row go through together.
+    ``steps`` α values of one row go through together. ``keep_first=True`` holds each row's first
+    real token (the attention sink) at its own embedding along the whole path, so only the other
+    tokens move from 0; the first token's score is then 0.
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"`steps` must be a positive int, got {steps!r}.")
     chunk = internal_batch_size or steps
     if not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"`internal_batch_size` must be a positive int or None, got {internal_batch_size!r}.")
+    if not isinstance(keep_first, bool):
+        raise ValueError(f"`keep_first` must be True or False, got {keep_first!r}.")
+    # moving[b, p]: 1 where the embedding follows the path α·e, 0 where it stays e (kept first token).
+    moving = torch.ones(tokens.shape, dtype=torch.float32, device=tokens.device)
+    if keep_first:
+        first = attention_mask.long().argmax(-1)  # left padding: the first 1 of each row
+        moving[torch.arange(tokens.shape[0], device=tokens.device), first] = 0.0
     alphas = (torch.arange(steps, dtype=torch.float32, device=tokens.device) + 0.5) / steps
     total = torch.zeros(len(explained), tokens.shape[1], device=tokens.device)
     for start in range(0, steps, chunk):
         part = alphas[start : start + chunk]
 
         def scaled(x: Tensor, part: Tensor = part) -> Tensor:
-            a = part.repeat(x.shape[0] // len(part)).to(x.dtype)
-            return x * a[:, None, None]
+            a = part.repeat(x.shape[0] // len(part))[:, None]  # [rows, 1]
+            factor = 1.0 - moving.repeat_interleave(len(part), 0) * (1.0 - a)  # α where moving, else 1
+            return x * factor[..., None].to(x.dtype)
 
         def reduce(x: Tensor, g: Tensor, part: Tensor = part) -> Tensor:
-            # x holds α·e per replica; e = x[i] / α[i] is recovered from the first replica.
-            return (x[0].float() / float(part[0]) * g.float().sum(0)).sum(-1)
+            # x holds α·e per replica at moving positions; e = x[0] / α[0] is recovered there.
+            e = x[0].float() / float(part[0])
+            return (e * g.float().sum(0)).sum(-1)
 
         scores, _ = backprop_scores(
             model, tokens, attention_mask, explained, target,
             leaf=EMBED_POINT, reduce=reduce, leaf_fn=scaled, replicas=len(part),
         )  # fmt: skip
         total += scores
-    scores = total / steps
-    values, baseline = _endpoint_values(model, tokens, attention_mask, explained, target)
+    rows = torch.tensor([e.batch_index for e in explained], device=tokens.device)
+    scores = total / steps * moving[rows]  # a kept token does not move: its attribution is 0
+    values, baseline = _endpoint_values(model, tokens, attention_mask, explained, target, moving)
     return MethodOutput(scores, values, conservation_error=relative_gap(scores.sum(-1), values - baseline))
 
 
 def _endpoint_values(
-    model: "TransformerBridge", tokens: Tensor, mask: Tensor, explained: Sequence[ExplainedToken], target: Target
+    model: "TransformerBridge",
+    tokens: Tensor,
+    mask: Tensor,
+    explained: Sequence[ExplainedToken],
+    target: Target,
+    moving: Tensor,
 ) -> tuple[Tensor, Tensor]:
-    """Target values at the real embedding and at the zero baseline (one forward of twice the batch)."""
+    """Target values at the real embedding and at the baseline (one forward of twice the batch).
+
+    The baseline is 0 where ``moving`` is 1 and the real embedding where it is 0.
+    """
 
     def zero_second_half(x: Tensor, hook) -> Tensor:
         half = x.shape[0] // 2
-        return torch.cat([x[:half], torch.zeros_like(x[half:])])
+        return torch.cat([x[:half], x[half:] * (1.0 - moving)[..., None].to(x.dtype)])
 
     both = torch.cat([tokens, tokens])
     with torch.no_grad(), model.hooks(fwd_hooks=[(EMBED_POINT, zero_second_half)]):
