@@ -93,7 +93,8 @@ def test_merge_reads_gzipped_results(tmp_path):
     assert bench.merge([packed], None) == bench.merge([plain], None)
 
 
-def test_the_committed_results_reproduce_the_committed_table(capsys):
+@pytest.mark.parametrize("name", ["faithfulness_smollm2", "faithfulness_smollm2_ig_baselines"])
+def test_the_committed_results_reproduce_the_committed_table(name, capsys):
     results = _PATH.parent / "results"
-    bench.merge([results / "faithfulness_smollm2.json.gz"], None)
-    assert capsys.readouterr().out == (results / "faithfulness_smollm2.md").read_text()
+    bench.merge([results / f"{name}.json.gz"], None)
+    assert capsys.readouterr().out == (results / f"{name}.md").read_text()
