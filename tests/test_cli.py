@@ -41,3 +41,12 @@ def test_generate_prints_the_bridge_greedy_text(folder, capsys):
 def test_unknown_command_is_an_argparse_error():
     with pytest.raises(SystemExit):
         main(["explain"])
+
+
+@pytest.mark.real
+def test_prepare_smollm2_prints_the_converted_folder(capsys):
+    from transformer_bridge.real_model import is_complete, smollm2_path
+
+    main(["prepare-smollm2"])
+    printed = capsys.readouterr().out.strip()
+    assert printed == str(smollm2_path()) and is_complete(smollm2_path())
