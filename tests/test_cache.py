@@ -40,7 +40,7 @@ def test_names_filter_forms():
     assert set(c3) == {"blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern"}
     with pytest.raises(ValueError, match="matched no hook point"):
         model.run_with_cache(TOKENS, names_filter=lambda n: "nothing" in n)
-    with pytest.raises(ValueError, match="empty list"):
+    with pytest.raises(ValueError, match="is empty"):
         model.run_with_cache(TOKENS, names_filter=[])
     with pytest.raises(KeyError, match="hook_resid_post"):
         model.run_with_cache(TOKENS, names_filter="blocks.0.hook_resid_pst")

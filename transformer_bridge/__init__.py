@@ -2,19 +2,23 @@
 
 from .adapters import SUPPORTED_MODEL_TYPES, UnsupportedArchitectureError
 from .bridge import BridgeConfig, TransformerBridge
-from .cache import ActivationCache, get_act_name
+from .cache import ActivationCache, CacheFileError, get_act_name
 from .generation import GenerationOutput, sample
-from .hook_points import HookContext, HookHandle, HookPoint, UnknownHookError
+from .hook_points import HookContext, HookHandle, HookPoint
+from .names import LayerOutOfRangeError, NotCachedError, UnknownHookError
 from .relevance import Relevance, RelevanceRun
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "ActivationCache",
     "BridgeConfig",
+    "CacheFileError",
     "GenerationOutput",
     "HookContext",
     "HookHandle",
     "HookPoint",
+    "LayerOutOfRangeError",
+    "NotCachedError",
     "Relevance",
     "RelevanceRun",
     "TransformerBridge",

@@ -35,33 +35,51 @@ class AttentionPoints:
     pattern: HookPoint
 
 
-# Attention module -> its points, present only while one of them has a hook. Weak keys: a model
-# that is garbage collected leaves nothing behind.
-_HOOKED: "weakref.WeakKeyDictionary[nn.Module, AttentionPoints]" = weakref.WeakKeyDictionary()
+# Attention module -> the points of every bridge with a hook there (several bridges may wrap one
+# model). Weak keys: a model that is garbage collected leaves nothing behind.
+_HOOKED: "weakref.WeakKeyDictionary[nn.Module, list[AttentionPoints]]" = weakref.WeakKeyDictionary()
 
 
-def bridge_implementation(original: str) -> str:
+def bridge_implementation(original: object) -> str:
     """Register (once) and return the bridge's attention implementation name for ``original``."""
-    if original.startswith(PREFIX):
+    name = _BRIDGED.get(original)  # type: ignore[arg-type]
+    if name is not None:
+        return name
+    if isinstance(original, str) and original.startswith(PREFIX):
         return original
     if original not in SUPPORTED_ORIGINALS:
         raise ValueError(
-            f"The model uses attn_implementation={original!r}; the bridge supports "
-            f"{SUPPORTED_ORIGINALS}. Load it with `attn_implementation='sdpa'`."
+            f"The HF model uses attn_implementation={original!r}; the bridge supports {SUPPORTED_ORIGINALS}. "
+            "Load it with `attn_implementation='sdpa'`, or call `hf_model.set_attn_implementation('sdpa')`."
         )
     name = PREFIX + original
     if name not in ALL_ATTENTION_FUNCTIONS:
         AttentionInterface.register(name, _make_attention(original))
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
+    _BRIDGED[original] = name
     return name
 
 
-def set_hooked(module: nn.Module, points: AttentionPoints | None) -> None:
-    """Route ``module``'s attention through the explicit path (points given) or the original."""
-    if points is None:
-        _HOOKED.pop(module, None)
-    else:
-        _HOOKED[module] = points
+_BRIDGED: dict[str, str] = {}
+
+
+def set_hooked(module: nn.Module, points: AttentionPoints, on: bool) -> None:
+    """Route ``module``'s attention through the explicit path for ``points`` (``on``) or stop (idempotent)."""
+    groups = _HOOKED.get(module, [])
+    present = any(g is points for g in groups)
+    if on and not present:
+        _HOOKED[module] = [*groups, points]
+    elif not on and present:
+        rest = [g for g in groups if g is not points]
+        if rest:
+            _HOOKED[module] = rest
+        else:
+            _HOOKED.pop(module, None)
+
+
+def routed_modules(root: nn.Module) -> list[nn.Module]:
+    """The attention modules under ``root`` currently routed through the explicit path."""
+    return [m for m in root.modules() if m in _HOOKED]
 
 
 def _original_function(original: str, module: nn.Module) -> Callable:
@@ -74,10 +92,10 @@ def _original_function(original: str, module: nn.Module) -> Callable:
 def _make_attention(original: str) -> Callable:
     def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
         fn = _original_function(original, module)
-        points = _HOOKED.get(module)
-        if points is None:
+        groups = _HOOKED.get(module)
+        if groups is None:
             return fn(module, query, key, value, attention_mask, **kwargs)
-        edited = hooked_attention(module, query, key, value, attention_mask, points, **kwargs)
+        edited = hooked_attention(module, query, key, value, attention_mask, groups, **kwargs)
         # Hooks that only read leave the output to the original kernel, so caching stays bitwise exact.
         return fn(module, query, key, value, attention_mask, **kwargs) if edited is None else edited
 
@@ -85,13 +103,23 @@ def _make_attention(original: str) -> Callable:
     return attention
 
 
-def _run_heads_last(point: HookPoint | None, x: Tensor) -> Tensor:
-    """Run a point on ``[b, head, pos, d]`` data shown to hooks as ``[b, pos, head, d]``."""
-    if point is None or not point.active:
-        return x
-    shown = x.transpose(1, 2)
-    out = point.run(shown)
-    return x if out is shown else out.transpose(1, 2)
+def _run_heads_last(groups: list[AttentionPoints], which: str, x: Tensor) -> Tensor:
+    """Run the ``which`` point of every group on ``[b, head, pos, d]`` data shown as ``[b, pos, head, d]``."""
+    for points in groups:
+        point = getattr(points, which)
+        if point is not None and point.active:
+            shown = x.transpose(1, 2)
+            out = point.run(shown)
+            x = x if out is shown else out.transpose(1, 2)
+    return x
+
+
+def _run(groups: list[AttentionPoints], which: str, x: Tensor) -> Tensor:
+    for points in groups:
+        point = getattr(points, which)
+        if point.active:
+            x = point.run(x)
+    return x
 
 
 def hooked_attention(
@@ -100,7 +128,7 @@ def hooked_attention(
     key: Tensor,
     value: Tensor,
     attention_mask: Tensor | None,
-    points: AttentionPoints,
+    groups: list[AttentionPoints],
     scaling: float | None = None,
     dropout: float = 0.0,
     softcap: float | None = None,
@@ -109,23 +137,24 @@ def hooked_attention(
     """Explicit attention exposing rotated q/k, masked scores and the pattern to hooks.
 
     Shapes follow HF: ``query [b, head, q, d]``, ``key/value [b, kv_head, kv, d]`` (the KV cache
-    already updated). Returns ``([b, q, head, d], pattern)``, or None when no hook changed anything
-    (no edit, no backward hook), in which case the caller runs the original kernel.
+    already updated). ``groups`` holds the points of each bridge over this model, run in the order
+    the bridges registered. Returns ``([b, q, head, d], pattern)``, or None when no hook changed
+    anything (no edit, no backward hook), in which case the caller runs the original kernel.
     """
     n_q, n_kv = query.shape[2], key.shape[2]
-    new_query = _run_heads_last(points.rot_q, query)
+    new_query = _run_heads_last(groups, "rot_q", query)
     edited = new_query is not query
     query = new_query
-    if points.rot_k is not None and points.rot_k.active:
+    if any(g.rot_k is not None and g.rot_k.active for g in groups):
         # Hooks see only the new positions; an edit is written into the key tensor, which is the
         # KV cache's own storage during decoding, so it persists like an edit made at prefill.
         fresh = key[:, :, n_kv - n_q :]
-        new = _run_heads_last(points.rot_k, fresh)
+        new = _run_heads_last(groups, "rot_k", fresh)
         if new is not fresh:
             edited = True
             if torch.is_grad_enabled() and (key.requires_grad or new.requires_grad):
                 key = torch.cat([key[:, :, : n_kv - n_q], new], dim=2)
-            else:
+            elif new.data_ptr() != fresh.data_ptr():
                 key[:, :, n_kv - n_q :] = new
     n_rep = query.shape[1] // key.shape[1]
     if n_rep > 1:
@@ -137,15 +166,13 @@ def hooked_attention(
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores = _apply_mask(scores, attention_mask, n_q, n_kv)
-    if points.scores.active:
-        new_scores = points.scores.run(scores)
-        edited |= new_scores is not scores
-        scores = new_scores
+    new_scores = _run(groups, "scores", scores)
+    edited |= new_scores is not scores
+    scores = new_scores
     pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    if points.pattern.active:
-        new_pattern = points.pattern.run(pattern)
-        edited |= new_pattern is not pattern
-        pattern = new_pattern
+    new_pattern = _run(groups, "pattern", pattern)
+    edited |= new_pattern is not pattern
+    pattern = new_pattern
     if not edited:
         return None
     if dropout and module.training:

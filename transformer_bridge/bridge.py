@@ -1,5 +1,6 @@
 """`TransformerBridge`: TransformerLens-named hook points on an unmodified HF causal LM."""
 
+import copy
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -13,14 +14,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from . import attention
 from .adapters import Adapter, adapter_for
-from .cache import ActivationCache, expand_key
+from .cache import ActivationCache, check_pos_slice
+from .checks import check_device, describe
 from .generation import GenerationMixin
 from .hook_points import HookContext, HookPoint, HookRegistry, NameOrFilter
+from .names import NameFilter
 from .relevance import RelevanceMixin
 from .sites import build_sites, get_module
 
 Input = str | Sequence[str] | Tensor
-NamesFilter = None | str | Sequence[str] | Callable[[str], bool]
+NamesFilter = NameFilter
 
 
 @dataclass(frozen=True)
@@ -66,10 +69,9 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
         self.tokenizer = tokenizer
         self.adapter: Adapter = adapter_for(hf_model.config.model_type)
         self.cfg = _bridge_config(hf_model, self.adapter)
-        original = hf_model.config._attn_implementation
-        bridged = attention.bridge_implementation(original)
-        if bridged != original:
-            hf_model.set_attn_implementation(bridged)
+        # Only checks that the implementation is one the bridge can route; the HF model's config is
+        # switched to the bridge's implementation during the bridge's own calls only (`run_model`).
+        attention.bridge_implementation(hf_model.config._attn_implementation)
         sites = build_sites(
             self,
             hf_model,
@@ -79,9 +81,41 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
             self.cfg.d_head,
             self.cfg.parallel_attn_mlp,
         )
-        self.hook_dict = sites.points
+        self._set_points(sites.points, self.cfg.n_layers)
         self._sites_for = sites.sites_for
         self._stash = sites.stash
+
+    def __deepcopy__(self, memo: dict) -> "TransformerBridge":
+        """A bridge over a deep copy of the HF model, with the same hooks registered on the copy.
+
+        The copy shares the tokenizer and the hook functions (functions are not copied).
+        """
+        sites = list(dict.fromkeys(s for group in self._sites_for.values() for s in group))
+        try:
+            for site in sites:  # the copy must not carry this bridge's torch hooks
+                site.detach()
+            hf_model = copy.deepcopy(self.hf_model, memo)
+        finally:
+            for site in sites:
+                site.sync()
+        new = type(self)(hf_model, self.tokenizer)
+        new.train(self.training)
+        for point in self.hook_dict.values():
+            for entry in [*point.fwd_hooks, *point.bwd_hooks]:
+                new.add_hook(point.name, entry.fn, entry.dir, entry.permanent, entry.read_only)
+        return new
+
+    def unwrap(self) -> PreTrainedModel:
+        """Remove every hook (permanent ones too) and return the HF model, exactly as it was wrapped.
+
+        Wrapping never changes the HF model: its config (``attn_implementation`` included) and code
+        stay the user's; the bridge's torch hooks exist only while hook points have functions.
+
+        Example:
+            >>> hf_model = model.unwrap()
+        """
+        self.reset_hooks(including_permanent=True)
+        return self.hf_model
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -126,20 +160,9 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
         return cls(hf_model.eval(), tokenizer)
 
     # -- hooks --------------------------------------------------------------------------------
-    def _activate(self, point: HookPoint) -> None:
-        acquired = []
-        try:
-            for site in self._sites_for[point.name]:
-                site.acquire()
-                acquired.append(site)
-        except Exception:
-            for site in acquired:
-                site.release()
-            raise
-
-    def _deactivate(self, point: HookPoint) -> None:
+    def _sync(self, point: HookPoint) -> None:
         for site in self._sites_for[point.name]:
-            site.release()
+            site.sync()
 
     def __repr__(self) -> str:
         c = self.cfg
@@ -183,7 +206,7 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
         tok = self._require_tokenizer()
         texts = [input] if isinstance(input, str) else list(input)
         if not texts or not all(isinstance(t, str) for t in texts):
-            raise TypeError(f"`input` must be a str or a non-empty list of str, got {_describe(input)}.")
+            raise TypeError(f"`input` must be a str or a non-empty list of str, got {describe(input)}.")
         rows = [tok(t, add_special_tokens=prepend_bos is not False)["input_ids"] for t in texts]
         bos = getattr(tok, "bos_token_id", None)
         if prepend_bos and bos is not None:
@@ -259,16 +282,28 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
         return next(self.hf_model.parameters()).device
 
     def prepare_input(
-        self, input: Input, attention_mask: Tensor | None = None, prepend_bos: bool | None = None
+        self,
+        input: Input,
+        attention_mask: Tensor | None = None,
+        prepend_bos: bool | None = None,
+        left_padded: bool = False,
     ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
-        """Normalise any accepted input to ``(tokens [batch, pos], attention_mask [batch, pos])``."""
+        """Normalise any accepted input to ``(tokens [batch, pos], attention_mask [batch, pos])``.
+
+        A given ``attention_mask`` must be 0/1 (bool or integer, or float 0.0/1.0) with at least
+        one real token per row; ``left_padded=True`` (generation) also requires each row's padding
+        to come first.
+
+        Example:
+            >>> tokens, mask = model.prepare_input(["Hi", "Hello there"])
+        """
         if isinstance(input, str) or (isinstance(input, (list, tuple)) and input and isinstance(input[0], str)):
             if attention_mask is not None:
                 raise ValueError("`attention_mask` is only accepted with token inputs; text is padded for you.")
             return self.to_tokens(input, prepend_bos=prepend_bos)
         if not isinstance(input, Tensor):
             raise TypeError(
-                f"`input` must be a str, a list of str, or a tensor of token ids [batch, pos]; got {_describe(input)}."
+                f"`input` must be a str, a list of str, or a tensor of token ids [batch, pos]; got {describe(input)}."
             )
         tokens = input[None] if input.dim() == 1 else input
         if tokens.dim() != 2 or 0 in tokens.shape:
@@ -277,6 +312,8 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
             )
         if tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
             raise TypeError(f"`input` tokens must be an integer tensor, got dtype {tokens.dtype}.")
+        if tokens.device.type == "meta":
+            raise ValueError("`input` tokens are on the meta device (no values); give real token ids.")
         low, high = torch.stack(torch.aminmax(tokens)).tolist()  # one device sync on the good path
         if low < 0 or high >= self.cfg.d_vocab:
             bad = low if low < 0 else high
@@ -284,12 +321,7 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
         if attention_mask is None:
             attention_mask = torch.ones_like(tokens)
         else:
-            attention_mask = attention_mask[None] if attention_mask.dim() == 1 else attention_mask
-            if attention_mask.shape != tokens.shape:
-                raise ValueError(
-                    f"`attention_mask` shape {tuple(attention_mask.shape)} must equal the tokens' shape "
-                    f"{tuple(tokens.shape)}."
-                )
+            attention_mask = check_attention_mask(attention_mask, tokens.shape, left_padded)
         n_ctx = self.cfg.n_ctx
         if n_ctx is not None and tokens.shape[1] > n_ctx:
             raise ValueError(f"`input` has {tokens.shape[1]} tokens; the model's context limit is {n_ctx}.")
@@ -312,8 +344,15 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
         so HF takes its own fastest path (and its default positions). ``logits_to_keep=1``
         unembeds only the last position, as HF's generate does (0 keeps all).
         """
-        with self._context(ctx):
-            try:
+        config = self.hf_model.config
+        users = config._attn_implementation
+        # Checked at every call: the user may have switched the HF model's implementation since.
+        bridged = attention.bridge_implementation(users)
+        outer_stash = dict(self._stash)  # a forward run from inside a hook must not clear the outer one's
+        self._stash.clear()
+        config._attn_implementation = bridged
+        try:
+            with self._context(ctx):
                 return self.hf_model(
                     input_ids=tokens,
                     attention_mask=attention_mask,
@@ -322,8 +361,10 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
                     use_cache=past_key_values is not None,
                     logits_to_keep=logits_to_keep,
                 )
-            finally:
-                self._stash.clear()
+        finally:
+            config._attn_implementation = users
+            self._stash.clear()
+            self._stash.update(outer_stash)
 
     def forward_tokens(
         self,
@@ -362,7 +403,7 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
         """
         store = CacheWriter(device, pos_slice)
         # no_grad, not inference_mode: inference tensors cannot meet parameters in autograd later.
-        with self.hooks(fwd_hooks=[(n, store.hook) for n in names]), torch.no_grad():
+        with self.hooks(fwd_hooks=[(n, store.hook) for n in names], read_only=True), torch.no_grad():
             logits = self.forward_tokens(tokens, mask, ctx, logits_to_keep)
         return logits, store.tensors
 
@@ -404,24 +445,14 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
         with self.hooks(fwd_hooks=fwd_hooks, bwd_hooks=bwd_hooks, reset_hooks_end=reset_hooks_end):
             return self(input, **forward_kwargs)
 
-    def names_matching(self, names_filter: NamesFilter) -> list[str]:
-        """Canonical hook names selected by a filter (None: all; str; list; predicate)."""
-        if names_filter is None:
-            return list(self.hook_dict)
-        if isinstance(names_filter, str):
-            names = [p.name for p in self.resolve(_canonical(self, names_filter))]
-        elif callable(names_filter):
-            names = [n for n in self.hook_dict if names_filter(n)]
-            if not names:
-                raise ValueError(
-                    "`names_filter` matched no hook point. Names look like "
-                    f"{list(self.hook_dict)[:3]}; see `model.hook_dict`."
-                )
-        else:
-            names = [p.name for n in names_filter for p in self.resolve(_canonical(self, n))]
-            if not names:
-                raise ValueError("`names_filter` is an empty list; give at least one hook name, or None for all.")
-        return names
+    def names_matching(self, names_filter: NamesFilter, param: str = "names_filter") -> list[str]:
+        """Canonical hook names selected by a filter: None (all), a name, a shorthand such as
+        ``"resid_post"`` (every layer) or ``("resid_post", 3)``, a list of those, or a predicate.
+
+        Example:
+            >>> model.names_matching("pattern")       # blocks.*.attn.hook_pattern
+        """
+        return self.names.select(names_filter, param)
 
     def run_with_cache(
         self,
@@ -449,17 +480,31 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
         device = check_device(device)
         if remove_batch_dim and isinstance(input, (list, tuple)) and len(input) != 1:
             raise ValueError("`remove_batch_dim=True` needs a batch of one; got a batch of several inputs.")
+        if metric is not None and not incl_bwd:
+            raise ValueError("`metric` is backpropagated only with `incl_bwd=True`; add it or drop `metric`.")
+        if metric is not None and not callable(metric):
+            raise TypeError(f"`metric` must be callable as metric(logits) -> scalar tensor, got {describe(metric)}.")
         names = self.names_matching(names_filter)
         tokens, mask = self.prepare_input(input, attention_mask, prepend_bos)
+        if pos_slice is not None:
+            pos_slice = check_pos_slice(pos_slice, tokens.shape[1])
         if remove_batch_dim and tokens.shape[0] != 1:
             raise ValueError(f"`remove_batch_dim=True` needs a batch of one, got batch {tokens.shape[0]}.")
         if incl_bwd:
             store = CacheWriter(device, pos_slice)
             fwd = [(n, store.hook) for n in names]
-            with self.hooks(fwd_hooks=fwd, bwd_hooks=[(n, store.grad_hook) for n in names]):
+            with self.hooks(fwd_hooks=fwd, bwd_hooks=[(n, store.grad_hook) for n in names], read_only=True):
                 logits = self.forward_tokens(tokens, mask)
                 target = metric(logits) if metric is not None else next_token_loss(logits, tokens, mask)
-                target.backward()
+                if not isinstance(target, Tensor) or target.numel() != 1:
+                    raise ValueError(
+                        f"`metric` must return a scalar tensor to backpropagate, got {describe(target)}"
+                        + (f" of shape {tuple(target.shape)}" if isinstance(target, Tensor) else "")
+                        + "; reduce it, e.g. with .sum() or .mean()."
+                    )
+                if not target.requires_grad:
+                    raise ValueError("`metric`'s result does not depend on the logits (no gradient); use the logits.")
+                target.reshape(()).backward()
             logits, tensors = logits.detach(), store.tensors
         else:
             logits, tensors = self.cache_forward(tokens, mask, names, device, pos_slice)
@@ -507,6 +552,39 @@ def _slice_positions(name: str, t: Tensor, pos_slice: int | slice | Sequence[int
     return t.index_select(dim, torch.as_tensor(list(pos_slice), device=t.device))
 
 
+def check_attention_mask(mask: Any, shape: torch.Size, left_padded: bool = False) -> Int[Tensor, "batch pos"]:
+    """A 0/1 mask of ``shape`` with a real token in every row (and only left padding if asked)."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"`attention_mask` must be a tensor [batch, pos] of 0/1, got {describe(mask)}.")
+    mask = mask[None] if mask.dim() == 1 else mask
+    if mask.shape != shape:
+        raise ValueError(f"`attention_mask` shape {tuple(mask.shape)} must equal the tokens' shape {tuple(shape)}.")
+    if mask.dtype.is_complex or mask.device.type == "meta":
+        raise TypeError(f"`attention_mask` must be a real 0/1 tensor, got dtype {mask.dtype} on {mask.device}.")
+    binary = (mask == 0) | (mask == 1)
+    checks = [binary.all(), (mask != 0).any(-1).all()]
+    if left_padded:
+        real = mask != 0
+        checks.append((real[:, 1:] >= real[:, :-1]).all())
+    ok = torch.stack(checks).tolist()  # one device sync
+    if not ok[0]:
+        bad = mask[~binary].flatten()[0].item()
+        raise ValueError(
+            f"`attention_mask` must hold only 0 (padding) and 1 (real token); it holds {bad!r}. Build it with "
+            "`(tokens != pad).long()` or take the tokenizer's."
+        )
+    if not ok[1]:
+        row = int((mask != 0).any(-1).logical_not().nonzero()[0])
+        raise ValueError(f"`attention_mask` row {row} is all padding; every row needs at least one real token.")
+    if left_padded and not ok[2]:
+        row = int((~(real[:, 1:] >= real[:, :-1]).all(-1)).nonzero()[0])
+        raise ValueError(
+            f"`attention_mask` row {row} is not left-padded ({mask[row].tolist()}); generation needs padding "
+            "before the tokens: tokenize with `padding_side='left'` (model.to_tokens does)."
+        )
+    return mask.long()
+
+
 def next_token_loss(
     logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"]
 ) -> Float[Tensor, ""]:
@@ -515,29 +593,6 @@ def next_token_loss(
     nll = -logprobs.gather(-1, tokens[:, 1:, None])[..., 0]
     keep = (mask[:, 1:] * mask[:, :-1]).to(nll.dtype)
     return (nll * keep).sum() / keep.sum().clamp_min(1)
-
-
-def _canonical(model: TransformerBridge, name: str) -> str:
-    return expand_key(name, model.hook_dict) if name not in model.hook_dict else name
-
-
-def _describe(value: Any) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60]}{'…' if len(text) > 60 else ''}"
-
-
-def check_device(device: str | torch.device | None) -> torch.device | None:
-    if device is None:
-        return None
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"`device`={device!r} is not a valid torch device (e.g. 'cpu', 'cuda', 'cuda:0').") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"`device`={device!r} asks for CUDA, but no CUDA device is available here; use 'cpu'.")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"`device`={device!r}: only {torch.cuda.device_count()} CUDA device(s) exist.")
-    return dev
 
 
 def _bridge_config(model: PreTrainedModel, adapter: Adapter) -> BridgeConfig:

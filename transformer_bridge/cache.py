@@ -1,7 +1,8 @@
 """`ActivationCache`: hook name → tensor, TransformerLens shorthand keys, analysis helpers, safetensors I/O."""
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+import operator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,67 +11,68 @@ from jaxtyping import Float, Int
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from .hook_points import UnknownHookError
+from .checks import check_device
+from .names import HookNames, NotCachedError, get_act_name
 
 if TYPE_CHECKING:
     from .bridge import TransformerBridge
 
-# Shorthand → where the canonical name lives: "" (model level), "block", "attn", "mlp", or a norm.
-_SHORT = {
-    "embed": "", "pos_embed": "",
-    "resid_pre": "block", "resid_mid": "block", "resid_post": "block", "attn_out": "block", "mlp_out": "block",
-    "q": "attn", "k": "attn", "v": "attn", "rot_q": "attn", "rot_k": "attn", "z": "attn", "result": "attn",
-    "attn_scores": "attn", "scores": "attn", "pattern": "attn", "attn": "attn",
-    "pre": "mlp", "pre_linear": "mlp", "post": "mlp",
-    "scale": "norm", "normalized": "norm",
-}  # fmt: skip
-_RENAME = {"scores": "attn_scores", "attn": "pattern"}
+__all__ = ["ActivationCache", "check_pos_slice", "get_act_name"]
+
+PosSlice = int | slice | Sequence[int] | Tensor
 
 
-def get_act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
-    """Canonical hook name from TransformerLens shorthand.
+def check_pos_slice(pos_slice: Any, n_pos: int, param: str = "pos_slice") -> int | slice | list[int]:
+    """Validate a position selection over ``n_pos`` positions; returns it normalised.
+
+    An int selects one position (negative counts from the end) and keeps the axis; a slice needs a
+    positive step and must select something; a list / 1-d integer tensor selects those positions.
 
     Example:
-        >>> get_act_name("resid_post", 3)
-        'blocks.3.hook_resid_post'
-        >>> get_act_name("scale", 2, "ln1")
-        'blocks.2.ln1.hook_scale'
+        >>> check_pos_slice(-1, 5)
+        4
     """
-    where = _SHORT.get(name)
-    if where is None:
-        raise KeyError(f"Unknown shorthand {name!r}; valid ones: {sorted(_SHORT)}.")
-    name = _RENAME.get(name, name)
-    if where == "":
-        return f"hook_{name}"
-    if where == "norm":
-        norm = layer_type or ("ln_final" if layer is None else None)
-        if norm not in ("ln1", "ln2", "ln_final"):
-            raise KeyError(f"{name!r} needs a norm: pass layer_type='ln1' or 'ln2' with a layer, or no layer.")
-        return f"ln_final.hook_{name}" if norm == "ln_final" else f"blocks.{layer}.{norm}.hook_{name}"
-    if layer is None:
-        raise KeyError(f"Shorthand {name!r} needs a layer index, e.g. cache[{name!r}, 0].")
-    sub = "" if where == "block" else f"{where}."
-    return f"blocks.{layer}.{sub}hook_{name}"
-
-
-def expand_key(key: Any, valid: Mapping[str, Any] | Sequence[str], n_layers: int | None = None) -> str:
-    """Resolve a canonical name, a shorthand string, or ``(shorthand, layer[, layer_type])``."""
-    if isinstance(key, tuple):
-        if not key or not isinstance(key[0], str):
-            raise KeyError(f"Cache keys look like 'blocks.0.hook_resid_post' or ('resid_post', 0); got {key!r}.")
-        layer = key[1] if len(key) > 1 else None
-        if isinstance(layer, int) and layer < 0 and n_layers is not None:
-            layer += n_layers
-        name = get_act_name(key[0], layer, key[2] if len(key) > 2 else None)
-    elif isinstance(key, str):
-        if key in valid:
-            return key
-        name = get_act_name(key) if key in _SHORT else key
-    else:
-        raise KeyError(f"Cache keys are str or tuple, got {type(key).__name__}.")
-    if name not in valid:
-        raise UnknownHookError(name, valid)
-    return name
+    if isinstance(pos_slice, bool):
+        raise TypeError(f"`{param}` must be an int, a slice or a list of ints, got bool {pos_slice!r}.")
+    if isinstance(pos_slice, Tensor) and pos_slice.dim() == 0:
+        pos_slice = pos_slice.item()
+    if not isinstance(pos_slice, (slice, list, tuple, range, Tensor)) and hasattr(pos_slice, "__index__"):
+        index = operator.index(pos_slice)
+        if not -n_pos <= index < n_pos:
+            raise IndexError(f"`{param}`={index} is out of range for {n_pos} positions; use -{n_pos}..{n_pos - 1}.")
+        return index % n_pos
+    if isinstance(pos_slice, slice):
+        for part in ("start", "stop", "step"):
+            value = getattr(pos_slice, part)
+            if value is not None and (isinstance(value, bool) or not hasattr(value, "__index__")):
+                raise TypeError(f"`{param}`={pos_slice!r}: the slice's {part} must be an int or None.")
+        if pos_slice.step is not None and pos_slice.step <= 0:
+            raise ValueError(f"`{param}`={pos_slice!r}: the step must be positive, got {pos_slice.step}.")
+        if not range(n_pos)[pos_slice]:
+            raise IndexError(f"`{param}`={pos_slice!r} selects no position out of {n_pos}.")
+        return pos_slice
+    if isinstance(pos_slice, Tensor):
+        if pos_slice.dim() != 1 or pos_slice.dtype.is_floating_point or pos_slice.dtype == torch.bool:
+            raise TypeError(
+                f"`{param}` as a tensor must be 1-d integer positions, got dtype {pos_slice.dtype} shape "
+                f"{tuple(pos_slice.shape)}."
+            )
+        pos_slice = pos_slice.tolist()
+    if isinstance(pos_slice, (list, tuple, range)):
+        items = list(pos_slice)
+        if not items:
+            raise ValueError(f"`{param}` is an empty list; give at least one position.")
+        bad = [p for p in items if isinstance(p, bool) or not hasattr(p, "__index__")]
+        if bad:
+            raise TypeError(f"`{param}` must hold ints, got {bad[0]!r} ({type(bad[0]).__name__}).")
+        out = [p.__index__() for p in items]
+        outside = [p for p in out if not -n_pos <= p < n_pos]
+        if outside:
+            raise IndexError(f"`{param}` holds position {outside[0]}, out of range for {n_pos} positions.")
+        return [p % n_pos for p in out]
+    raise TypeError(
+        f"`{param}` must be an int, a slice, a list of ints or None, got {type(pos_slice).__name__} {pos_slice!r}."
+    )
 
 
 class ActivationCache(Mapping[str, Tensor]):
@@ -102,8 +104,17 @@ class ActivationCache(Mapping[str, Tensor]):
 
     # -- mapping --------------------------------------------------------------------------------
     def _key(self, key: Any) -> str:
-        n_layers = self.model.cfg.n_layers if self.model is not None else None
-        return expand_key(key, self._tensors, n_layers)
+        if isinstance(key, str) and key in self._tensors:
+            return key
+        valid = list(self.model.hook_dict) if self.model is not None else list(self._tensors)
+        n_layers = self.model.cfg.n_layers if self.model is not None else _layers_in(self._tensors)
+        name = HookNames(valid, n_layers).key(key, "key")
+        if name not in self._tensors:
+            raise NotCachedError(
+                f"{name!r} is a valid hook point but is not in this cache; add it to `names_filter` (or use "
+                f"names_filter=None for everything). This cache holds {len(self._tensors)} names."
+            )
+        return name
 
     def __getitem__(self, key: Any) -> Tensor:
         return self._tensors[self._key(key)]
@@ -111,7 +122,7 @@ class ActivationCache(Mapping[str, Tensor]):
     def __contains__(self, key: object) -> bool:
         try:
             self._key(key)
-        except KeyError:
+        except (KeyError, TypeError):
             return False
         return True
 
@@ -351,25 +362,66 @@ class ActivationCache(Mapping[str, Tensor]):
         cls, path: str | Path, model: "TransformerBridge | None" = None, device: str | torch.device = "cpu"
     ) -> "ActivationCache":
         """Load a cache written by `save`; attach ``model`` for the analysis helpers."""
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        tensors = load_file(str(path), device=str(device))
+        path = Path(path) if isinstance(path, (str, Path)) else path
+        if not isinstance(path, Path):
+            raise TypeError(f"`path` must be a str or Path, got {type(path).__name__} {path!r}.")
+        if path.is_dir():
+            raise CacheFileError(f"`path`={str(path)!r} is a directory; give the .safetensors file written by `save`.")
+        if not path.exists():
+            raise FileNotFoundError(f"`path`={str(path)!r} does not exist.")
+        device = check_device(device) or torch.device("cpu")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+            tensors = load_file(str(path), device=str(device))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CacheFileError(f"`path`={str(path)!r} is not a safetensors cache file written by `save`: {e}") from e
         mask = tensors.pop("__attention_mask__", None)
         lengths = tensors.pop("__prompt_lengths__", None)
-        for name, target in json.loads(meta.get("aliases", "{}")).items():
+        aliases = _read_meta(meta, "aliases", "{}", path)
+        if not isinstance(aliases, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()
+        ):
+            raise CacheFileError(f"{str(path)!r}: metadata `aliases` must map names to names, got {aliases!r}.")
+        for name, target in aliases.items():
+            if target not in tensors:
+                raise CacheFileError(f"{str(path)!r}: metadata alias {name!r} -> {target!r} names no stored tensor.")
             tensors[name] = tensors[target]
-        return cls(tensors, model, mask, lengths, json.loads(meta.get("has_batch_dim", "true")))
+        has_batch_dim = _read_meta(meta, "has_batch_dim", "true", path)
+        if not isinstance(has_batch_dim, bool):
+            raise CacheFileError(
+                f"{str(path)!r}: metadata `has_batch_dim` must be true or false, got {has_batch_dim!r}."
+            )
+        return cls(tensors, model, mask, lengths, has_batch_dim)
 
 
-def _pos(t: Tensor, pos_slice: int | slice | None, has_batch_dim: bool, component_axis: bool = True) -> Tensor:
+class CacheFileError(ValueError):
+    """A file that is not a cache written by `ActivationCache.save` (or is damaged)."""
+
+
+def _read_meta(meta: dict[str, str], key: str, default: str, path: Path) -> Any:
+    try:
+        return json.loads(meta.get(key, default))
+    except json.JSONDecodeError as e:
+        raise CacheFileError(f"{str(path)!r}: metadata `{key}` is not valid JSON ({e}).") from e
+
+
+def _layers_in(names: Iterable[str]) -> int:
+    return 1 + max((int(n.split(".")[1]) for n in names if n.startswith("blocks.")), default=-1)
+
+
+def _pos(t: Tensor, pos_slice: Any, has_batch_dim: bool, component_axis: bool = True) -> Tensor:
     """Slice the position axis of ``[(component,) (batch,) pos, ...]``, keeping it as an axis."""
     if pos_slice is None:
         return t
     dim = int(has_batch_dim) + int(component_axis)
+    pos_slice = check_pos_slice(pos_slice, t.shape[dim])
     if isinstance(pos_slice, int):
-        return t.narrow(dim, pos_slice % t.shape[dim], 1)
+        return t.narrow(dim, pos_slice, 1)
+    if isinstance(pos_slice, list):
+        return t.index_select(dim, torch.as_tensor(pos_slice, device=t.device))
     index = [slice(None)] * t.dim()
     index[dim] = pos_slice
     return t[tuple(index)]

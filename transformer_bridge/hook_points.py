@@ -6,8 +6,8 @@ computes it (a *site*), and that torch hook exists only while some point it serv
 registered. With nothing registered the HF model runs its own code, untouched.
 """
 
-import difflib
-from collections.abc import Callable, Iterable, Iterator
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
@@ -15,10 +15,22 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from .names import HookNames, LayerOutOfRangeError, NameFilter, NotCachedError, UnknownHookError
+
 Direction = Literal["fwd", "bwd"]
 Phase = Literal["forward", "prefill", "decode", "recompute"]
 HookFn = Callable[[Tensor, "HookPoint"], Tensor | None]
-NameOrFilter = str | Callable[[str], bool]
+NameOrFilter = NameFilter
+
+__all__ = [
+    "HookContext",
+    "HookHandle",
+    "HookPoint",
+    "HookRegistry",
+    "LayerOutOfRangeError",
+    "NotCachedError",
+    "UnknownHookError",
+]
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,10 @@ class HookPoint:
     ``hook.name`` is the canonical TransformerLens name, ``hook.layer()`` its block index and
     ``hook.ctx`` the `HookContext` of the chunk being computed.
 
+    A function may return a replacement tensor (same shape, dtype and device), or edit the tensor in
+    place and return it or None: every way is what the model computes. The tensor's version counter
+    tells whether a function wrote to it, so read-only functions cost no copy.
+
     Example:
         >>> def fn(resid, hook):
         ...     print(hook.name, hook.layer(), hook.ctx.phase, tuple(resid.shape))
@@ -97,21 +113,31 @@ class HookPoint:
         return int(parts[1])
 
     def run(self, tensor: Tensor) -> Tensor:
-        """Apply the forward functions in registration order; attach backward ones to the result."""
+        """Apply the forward functions in registration order; attach backward ones to the result.
+
+        Returns ``tensor`` itself when no function changed it, and a different tensor object when
+        one did (a replacement, or ``tensor`` edited in place under a fresh alias), so a site
+        knows when to write the activation back into the model.
+        """
         for entry in list(self.fwd_hooks):
+            if entry.read_only:
+                entry.fn(tensor, self)
+                continue
+            if tensor.requires_grad and torch.is_grad_enabled() and _saved_for_backward(tensor):
+                # Its producer kept it for the backward pass (softmax, sqrt, relu...): an in-place
+                # edit would break the gradient, so the hook edits a copy that is written back.
+                tensor = tensor.clone()
+            inference = tensor.is_inference()
+            # Inference tensors have no version counter: compare with a snapshot instead.
+            before = tensor.clone() if inference else tensor._version
             out = entry.fn(tensor, self)
-            if out is not None:
-                if not isinstance(out, Tensor):
-                    raise TypeError(
-                        f"Hook {entry.fn!r} on {self.name!r} returned {type(out).__name__}; a hook must "
-                        "return a Tensor (to replace the activation) or None (to keep it)."
-                    )
-                if out.shape != tensor.shape:
-                    raise ValueError(
-                        f"Hook {entry.fn!r} on {self.name!r} returned shape {tuple(out.shape)}, but the "
-                        f"activation has shape {tuple(tensor.shape)}; a replacement must keep the shape."
-                    )
-                tensor = out
+            if out is None or out is tensor:
+                changed = not torch.equal(before, tensor) if inference else tensor._version != before
+                if changed:
+                    tensor = tensor.view_as(tensor)
+                continue
+            check_replacement(out, tensor, entry.fn, self.name)
+            tensor = out
         if self.bwd_hooks and tensor.requires_grad:
             # A fresh alias gives the gradient a node of its own, even when the site splits a tensor.
             tensor = tensor.view_as(tensor)
@@ -121,9 +147,64 @@ class HookPoint:
     def _run_bwd(self, grad: Tensor) -> Tensor | None:
         for entry in list(self.bwd_hooks):
             out = entry.fn(grad, self)
-            if out is not None:
+            if out is not None and out is not grad:
+                check_replacement(out, grad, entry.fn, self.name + " (backward)")
                 grad = out
         return grad
+
+
+def _saved_for_backward(tensor: Tensor) -> bool:
+    """Whether the op that produced ``tensor`` (or the tensor it is a view of) saved its output."""
+    for t in (tensor, tensor._base):
+        fn = t.grad_fn if t is not None else None
+        if fn is not None and any(hasattr(fn, a) for a in ("_saved_result", "_saved_output", "_saved_out")):
+            return True
+    return False
+
+
+def check_replacement(out: object, tensor: Tensor, fn: Callable, name: str) -> None:
+    """A hook's return value must be a tensor like the activation it replaces."""
+    if not isinstance(out, Tensor):
+        raise TypeError(
+            f"Hook {_fn_name(fn)} on {name!r} returned {type(out).__name__}; a hook must return a Tensor "
+            "(to replace the activation) or None (to keep it, edited in place or not)."
+        )
+    if out.shape != tensor.shape:
+        raise ValueError(
+            f"Hook {_fn_name(fn)} on {name!r} returned shape {tuple(out.shape)}, but the activation has shape "
+            f"{tuple(tensor.shape)}; a replacement must keep the shape."
+        )
+    if out.dtype != tensor.dtype:
+        raise TypeError(
+            f"Hook {_fn_name(fn)} on {name!r} returned dtype {out.dtype}, but the activation is {tensor.dtype}; "
+            f"return `new.to({tensor.dtype})`."
+        )
+    if out.device != tensor.device:
+        raise ValueError(
+            f"Hook {_fn_name(fn)} on {name!r} returned a tensor on device {out.device}, but the activation is on "
+            f"{tensor.device}; return `new.to(tensor.device)`."
+        )
+
+
+def _fn_name(fn: Callable) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+def check_hook_fn(fn: object, param: str = "hook") -> None:
+    """``fn`` must be callable as ``fn(tensor, hook)``."""
+    if not callable(fn):
+        raise TypeError(f"`{param}` must be callable as fn(tensor, hook), got {type(fn).__name__} {fn!r}.")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins and C callables: nothing to check
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise TypeError(
+            f"`{param}` {_fn_name(fn)}{signature} cannot be called as fn(tensor, hook): a hook takes two "
+            "arguments, the activation and the hook point (write `lambda x, hook: ...`)."
+        ) from None
 
 
 @dataclass(eq=False)
@@ -132,6 +213,11 @@ class _Entry:
     point: HookPoint
     dir: Direction
     permanent: bool
+    read_only: bool = False
+
+    @property
+    def hooks(self) -> list["_Entry"]:
+        return self.point.fwd_hooks if self.dir == "fwd" else self.point.bwd_hooks
 
 
 @dataclass(eq=False)
@@ -142,55 +228,51 @@ class HookHandle:
     _entries: list[_Entry] = field(default_factory=list)
 
     def remove(self) -> None:
-        for entry in self._entries:
-            self._registry._remove_entry(entry)
-        self._entries.clear()
+        entries, self._entries = self._entries, []
+        self._registry._remove_entries(entries)
 
 
 class HookRegistry:
     """The set of hook points of one model, with add/remove bookkeeping and the current context.
 
-    Subclasses implement `_activate(point)` / `_deactivate(point)`, called when a point gains its
-    first function or loses its last one, to attach or detach the torch hook that serves it.
+    Subclasses implement `_sync(point)`: make the torch hooks that serve ``point`` present exactly
+    when it (or a point sharing them) has a function. It must be idempotent, so that registration
+    and removal can be rolled back or completed after a failure: an exception, KeyboardInterrupt
+    included, inside `add_hook`, `hooks()` or `reset_hooks` leaves the old state or the new one.
     """
 
     def __init__(self) -> None:
         self.hook_dict: dict[str, HookPoint] = {}
+        self.names = HookNames([], 0)
         self.ctx: HookContext | None = None
 
     # -- subclass interface ---------------------------------------------------------------
-    def _activate(self, point: HookPoint) -> None:
+    def _sync(self, point: HookPoint) -> None:
         raise NotImplementedError
 
-    def _deactivate(self, point: HookPoint) -> None:
-        raise NotImplementedError
+    def _set_points(self, points: dict[str, HookPoint], n_layers: int) -> None:
+        self.hook_dict = points
+        self.names = HookNames(list(points), n_layers)
 
     # -- name resolution -------------------------------------------------------------------
-    def resolve(self, name_or_filter: NameOrFilter) -> list[HookPoint]:
-        """Hook points for a name (canonical or shorthand) or a predicate over canonical names."""
-        if callable(name_or_filter):
-            return [p for n, p in self.hook_dict.items() if name_or_filter(n)]
-        if not isinstance(name_or_filter, str):
-            raise TypeError(
-                f"A hook target must be a hook name (str) or a predicate name -> bool, got "
-                f"{type(name_or_filter).__name__}."
-            )
-        if name_or_filter not in self.hook_dict:
-            raise UnknownHookError(name_or_filter, self.hook_dict)
-        return [self.hook_dict[name_or_filter]]
+    def resolve(self, name_or_filter: NameFilter, param: str = "name") -> list[HookPoint]:
+        """Hook points for a name, a shorthand key, a predicate, or a list of those (see `names`)."""
+        return [self.hook_dict[n] for n in self.names.select(name_or_filter, param)]
 
     # -- registration ----------------------------------------------------------------------
     def add_hook(
         self,
-        name: NameOrFilter,
+        name: NameFilter,
         hook: HookFn,
         dir: Direction = "fwd",
         is_permanent: bool = False,
+        read_only: bool = False,
     ) -> HookHandle:
         """Register ``hook(tensor, hook_point) -> Tensor | None`` on a point or every matching point.
 
         ``dir="bwd"`` registers on the gradient of the activation. Hooks are removed by
         `reset_hooks` unless ``is_permanent``; the returned handle removes exactly this hook.
+        ``read_only=True`` promises the hook never edits (its return value is ignored).
 
         Example:
             >>> h = model.add_hook("blocks.0.hook_resid_post", lambda x, hook: x * 0)
@@ -198,60 +280,87 @@ class HookRegistry:
         """
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"`dir` must be 'fwd' or 'bwd', got {dir!r}.")
-        if not callable(hook):
-            raise TypeError(f"`hook` must be callable as fn(tensor, hook), got {type(hook).__name__}.")
-        handle = HookHandle(self)
-        for point in self.resolve(name):
-            entry = _Entry(hook, point, dir, is_permanent)
-            was_active = point.active
-            (point.fwd_hooks if dir == "fwd" else point.bwd_hooks).append(entry)
-            if not was_active:
-                self._activate(point)
-            handle._entries.append(entry)
-        return handle
+        check_hook_fn(hook)
+        points = self.resolve(name)
+        entries = [_Entry(hook, point, dir, bool(is_permanent), read_only) for point in points]
+        done: list[_Entry] = []
+        try:
+            for entry in entries:
+                entry.hooks.append(entry)
+                done.append(entry)
+                self._sync(entry.point)
+        except BaseException:
+            self._undo_add(done)
+            raise
+        return HookHandle(self, entries)
 
-    def _remove_entry(self, entry: _Entry) -> None:
-        point = entry.point
-        hooks = point.fwd_hooks if entry.dir == "fwd" else point.bwd_hooks
-        if entry in hooks:
-            hooks.remove(entry)
-            if not point.active:
-                self._deactivate(point)
+    def _undo_add(self, entries: list[_Entry]) -> None:
+        for entry in entries:
+            if entry in entry.hooks:
+                entry.hooks.remove(entry)
+        for entry in entries:
+            self._sync(entry.point)
+
+    def _remove_entries(self, entries: Iterable[_Entry]) -> None:
+        """Remove ``entries``; every one is removed even if syncing one fails (then it is retried)."""
+        entries = list(entries)
+        for entry in entries:
+            if entry in entry.hooks:
+                entry.hooks.remove(entry)
+        error: BaseException | None = None
+        for point in dict.fromkeys(e.point for e in entries):
+            try:
+                self._sync(point)
+            except BaseException as e:  # finish the others, then heal this one
+                error = error or e
+        if error is not None:
+            for point in dict.fromkeys(e.point for e in entries):
+                self._sync(point)
+            raise error
 
     def reset_hooks(self, including_permanent: bool = False) -> None:
         """Remove all non-permanent hooks (and permanent ones if ``including_permanent``)."""
-        for point in self.hook_dict.values():
-            for entry in [*point.fwd_hooks, *point.bwd_hooks]:
-                if including_permanent or not entry.permanent:
-                    self._remove_entry(entry)
+        entries = [
+            entry
+            for point in self.hook_dict.values()
+            for entry in [*point.fwd_hooks, *point.bwd_hooks]
+            if including_permanent or not entry.permanent
+        ]
+        self._remove_entries(entries)
+        for point in self.hook_dict.values():  # heals any state a failure elsewhere left half done
+            self._sync(point)
 
     @contextmanager
     def hooks(
         self,
-        fwd_hooks: Iterable[tuple[NameOrFilter, HookFn]] = (),
-        bwd_hooks: Iterable[tuple[NameOrFilter, HookFn]] = (),
+        fwd_hooks: Iterable[tuple[NameFilter, HookFn]] = (),
+        bwd_hooks: Iterable[tuple[NameFilter, HookFn]] = (),
         reset_hooks_end: bool = True,
+        read_only: bool = False,
     ) -> Iterator["HookRegistry"]:
         """Context manager: hooks added on entry are removed on exit, also after an exception.
 
         Only the hooks this context added are removed; permanent hooks and hooks added elsewhere
-        survive.
+        survive. Registration is all or nothing: if one name is bad, none is added.
+        ``read_only=True`` promises the functions never edit (see `add_hook`).
 
         Example:
             >>> with model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", lambda x, hook: x * 0)]):
             ...     logits = model("Hello")
         """
+        pairs = [*_hook_pairs(fwd_hooks, "fwd_hooks"), *_hook_pairs(bwd_hooks, "bwd_hooks")]
+        for (name, fn), param in pairs:
+            check_hook_fn(fn, f"{param}` entry for `{name!r}")
+            self.resolve(name, param)  # every name is checked before anything is added
         handles: list[HookHandle] = []
         try:
-            for name, fn in fwd_hooks:
-                handles.append(self.add_hook(name, fn, dir="fwd"))
-            for name, fn in bwd_hooks:
-                handles.append(self.add_hook(name, fn, dir="bwd"))
+            for (name, fn), param in pairs:
+                direction = "bwd" if param == "bwd_hooks" else "fwd"
+                handles.append(self.add_hook(name, fn, dir=direction, read_only=read_only))
             yield self
         finally:
             if reset_hooks_end:
-                for handle in handles:
-                    handle.remove()
+                self._remove_entries(e for handle in handles for e in handle._entries)
 
     @contextmanager
     def _context(self, ctx: HookContext) -> Iterator[None]:
@@ -262,20 +371,16 @@ class HookRegistry:
             self.ctx = previous
 
 
-class UnknownHookError(KeyError):
-    """An unknown hook name; the message lists the closest valid names."""
-
-    def __init__(self, name: str, valid: Iterable[str]) -> None:
-        valid = list(valid)
-        close = difflib.get_close_matches(name, valid, n=5, cutoff=0.5)
-        hint = f" Closest valid names: {close}." if close else ""
-        example = valid[0] if valid else "?"
-        super().__init__(
-            f"Unknown hook point {name!r}.{hint} Valid names look like {example!r}; see `model.hook_dict` "
-            "for all of them."
-        )
-        self.name = name
-        self.suggestions = close
-
-    def __str__(self) -> str:
-        return str(self.args[0])
+def _hook_pairs(pairs: object, param: str) -> list[tuple[tuple[NameFilter, HookFn], str]]:
+    if isinstance(pairs, Mapping):
+        raise TypeError(f"`{param}` must be a list of (name, fn) pairs, got a dict; write `{param}=list(d.items())`.")
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable):
+        raise TypeError(f"`{param}` must be a list of (name, fn) pairs, got {type(pairs).__name__} {pairs!r}.")
+    out = []
+    for pair in pairs:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(
+                f"`{param}` entries must be (name, fn) pairs, got {pair!r}; e.g. [('blocks.0.hook_resid_post', fn)]."
+            )
+        out.append(((pair[0], pair[1]), param))
+    return out

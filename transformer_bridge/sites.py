@@ -6,6 +6,7 @@ layout and writes edits back. A site's torch hook exists only while a point it s
 that depends on it) has a function registered.
 """
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -34,20 +35,24 @@ class Site:
     process: Callable[[Run, Tensor, Tensor | None], Tensor]
     registry: HookRegistry
     points: dict[str, HookPoint] = field(default_factory=dict)
-    refs: int = 0
+    served: list[HookPoint] = field(default_factory=list)
     handle: RemovableHandle | None = None
 
-    def acquire(self) -> None:
-        if self.refs == 0:
+    def sync(self) -> None:
+        """Attach the torch hook iff a point this site serves has a function (idempotent)."""
+        wanted = any(point.active for point in self.served)
+        if wanted and self.handle is None:
             if self.kind == "pre":
                 self.handle = self.module.register_forward_pre_hook(self._pre, with_kwargs=True)
             else:
                 self.handle = self.module.register_forward_hook(self._post, with_kwargs=True)
-        self.refs += 1
+        elif not wanted and self.handle is not None:
+            self.handle.remove()  # idempotent, so a failure after it is healed by syncing again
+            self.handle = None
 
-    def release(self) -> None:
-        self.refs -= 1
-        if self.refs == 0 and self.handle is not None:
+    def detach(self) -> None:
+        """Remove the torch hook whatever the points say (undone by `sync`)."""
+        if self.handle is not None:
             self.handle.remove()
             self.handle = None
 
@@ -91,7 +96,8 @@ def batch_broadcast(registry: HookRegistry) -> Callable:
 
     def process(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
         batch = registry.ctx.positions.shape[0] if registry.ctx is not None else x.shape[0]
-        shown = x.expand(batch, *x.shape[1:]) if x.shape[0] == 1 else x
+        # A [batch, ...] copy, not an expanded view: in-place edits of an expanded view are refused.
+        shown = x.expand(batch, *x.shape[1:]).clone() if x.shape[0] == 1 and batch > 1 else x
         out = run("", shown)
         return x if out is shown else out
 
@@ -113,12 +119,13 @@ def fused_qkv(layout: str, n_heads: int, n_kv: int, d_head: int) -> Callable:
     """Split a fused QKV projection output into ``q``, ``k``, ``v`` and write edits back."""
 
     def process(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
+        # Slices, not split(): split's views cannot be edited in place while autograd records.
         if layout == "per_head":
             grouped = x.view(*x.shape[:-1], n_heads, 3 * d_head)
-            parts = list(grouped.split(d_head, dim=-1))
+            parts = [grouped[..., i * d_head : (i + 1) * d_head] for i in range(3)]
         else:
-            parts = list(x.split([n_heads * d_head, n_kv * d_head, n_kv * d_head], dim=-1))
-            parts = [p.view(*p.shape[:-1], -1, d_head) for p in parts]
+            bounds = [0, n_heads * d_head, (n_heads + n_kv) * d_head, (n_heads + 2 * n_kv) * d_head]
+            parts = [x[..., a:b].view(*x.shape[:-1], -1, d_head) for a, b in itertools.pairwise(bounds)]
         new = [run(key, part) for key, part in zip("qkv", parts, strict=True)]
         if all(a is b for a, b in zip(new, parts, strict=True)):
             return x
@@ -130,7 +137,8 @@ def fused_qkv(layout: str, n_heads: int, n_kv: int, d_head: int) -> Callable:
 
 
 def gate_up(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
-    gate, up = x.chunk(2, dim=-1)
+    half = x.shape[-1] // 2
+    gate, up = x[..., :half], x[..., half:]  # slices, not chunk(): see fused_qkv
     new_gate, new_up = run("pre", gate), run("pre_linear", up)
     if new_gate is gate and new_up is up:
         return x
@@ -178,20 +186,17 @@ def head_results(n_heads: int, d_head: int, module: nn.Module, conv1d: bool) -> 
 
 
 class AttnFnSite:
-    """Not a torch hook: marks the layer's attention module for the explicit attention path."""
+    """Not a torch hook: routes the layer's attention module through the explicit attention path."""
 
     def __init__(self, module: nn.Module, points: "attention.AttentionPoints") -> None:
-        self.module, self.points, self.refs = module, points, 0
+        self.module, self.points = module, points
+        self.served: list[HookPoint] = []
 
-    def acquire(self) -> None:
-        if self.refs == 0:
-            attention.set_hooked(self.module, self.points)
-        self.refs += 1
+    def sync(self) -> None:
+        attention.set_hooked(self.module, self.points, any(point.active for point in self.served))
 
-    def release(self) -> None:
-        self.refs -= 1
-        if self.refs == 0:
-            attention.set_hooked(self.module, None)
+    def detach(self) -> None:
+        attention.set_hooked(self.module, self.points, False)
 
 
 def get_module(root: nn.Module, path: str) -> nn.Module:
@@ -230,6 +235,8 @@ def build_sites(
         if isinstance(site, Site):
             site.points[key] = point
         sites_for[name] = [site, *extra]
+        for s in sites_for[name]:
+            s.served.append(point)
 
     def site(module: nn.Module, kind: str, process: Callable) -> Site:
         return Site(module, kind, process, registry)  # type: ignore[arg-type]

@@ -1,0 +1,205 @@
+"""The one hook-name grammar: canonical names, TransformerLens shorthand, layer keys, predicates.
+
+Every entry point that takes hook names (``hooks``, ``add_hook``, ``run_with_hooks``,
+``run_with_cache``'s ``names_filter``, ``generate``'s ``names_filter``, cache lookups) resolves them
+here, so a spelling that works in one works in all of them and fails the same way in all of them:
+
+- a canonical name: ``"blocks.3.hook_resid_post"``;
+- a shorthand key: ``("resid_post", 3)``, ``("scale", 2, "ln1")``; negative layers count from the end;
+- a bare shorthand: ``"resid_post"`` means that point in every layer (``"scale"`` / ``"normalized"``
+  mean the final norm, as TransformerLens' `get_act_name` does); a cache lookup needs a layer;
+- a predicate over canonical names; in a ``names_filter``, also a list of any of the above.
+
+A name that is not a hook point raises `UnknownHookError` (with close matches), a layer past the
+model's blocks raises `LayerOutOfRangeError`, and a valid point missing from a cache raises
+`NotCachedError`. All are `KeyError`s; a filter that matches nothing raises `ValueError`.
+"""
+
+import difflib
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+NameFilter = None | str | tuple | Sequence[Any] | Callable[[str], bool]
+
+# Shorthand → where the canonical name lives: "" (model level), "block", "attn", "mlp", or a norm.
+_SHORT = {
+    "embed": "", "pos_embed": "",
+    "resid_pre": "block", "resid_mid": "block", "resid_post": "block", "attn_out": "block", "mlp_out": "block",
+    "q": "attn", "k": "attn", "v": "attn", "rot_q": "attn", "rot_k": "attn", "z": "attn", "result": "attn",
+    "attn_scores": "attn", "scores": "attn", "pattern": "attn", "attn": "attn",
+    "pre": "mlp", "pre_linear": "mlp", "post": "mlp",
+    "scale": "norm", "normalized": "norm",
+}  # fmt: skip
+_RENAME = {"scores": "attn_scores", "attn": "pattern"}
+_NORMS = ("ln1", "ln2", "ln1_post", "ln2_post", "ln_final")
+_BLOCK_NAME = re.compile(r"blocks\.(-?\d+)\.(.+)")
+
+
+class UnknownHookError(KeyError):
+    """A name that is not a hook point of this model; the message lists the closest valid names."""
+
+    def __init__(self, name: str, valid: Iterable[str]) -> None:
+        valid = list(valid)
+        close = difflib.get_close_matches(name, valid, n=5, cutoff=0.5)
+        hint = f" Closest valid names: {close}." if close else ""
+        example = valid[0] if valid else "?"
+        super().__init__(
+            f"Unknown hook point {name!r}.{hint} Valid names look like {example!r}; see `model.hook_dict` "
+            "for all of them."
+        )
+        self.name = name
+        self.suggestions = close
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class LayerOutOfRangeError(KeyError, IndexError):
+    """A hook name or key whose layer is outside ``0 .. n_layers - 1``."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class NotCachedError(KeyError):
+    """A valid hook point that this cache does not hold."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def get_act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
+    """Canonical hook name from TransformerLens shorthand.
+
+    Example:
+        >>> get_act_name("resid_post", 3)
+        'blocks.3.hook_resid_post'
+        >>> get_act_name("scale", 2, "ln1")
+        'blocks.2.ln1.hook_scale'
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"`name` must be a shorthand str such as 'resid_post', got {type(name).__name__}.")
+    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
+        raise TypeError(f"`layer` must be an int, got {layer!r} ({type(layer).__name__}).")
+    where = _SHORT.get(name)
+    if where is None:
+        close = difflib.get_close_matches(name, _SHORT, n=3)
+        hint = f" Did you mean {close}?" if close else ""
+        raise KeyError(f"Unknown shorthand {name!r}.{hint} Valid ones: {sorted(_SHORT)}.")
+    name = _RENAME.get(name, name)
+    if where == "":
+        return f"hook_{name}"
+    if where == "norm":
+        norm = layer_type or ("ln_final" if layer is None else None)
+        if norm not in _NORMS:
+            raise KeyError(
+                f"{name!r} needs a norm: `layer_type` one of {list(_NORMS[:4])} with a layer, or no layer for "
+                f"ln_final; got layer_type={layer_type!r}."
+            )
+        return f"ln_final.hook_{name}" if norm == "ln_final" else f"blocks.{layer}.{norm}.hook_{name}"
+    if layer is None:
+        raise KeyError(f"Shorthand {name!r} needs a layer index, e.g. ({name!r}, 0).")
+    sub = "" if where == "block" else f"{where}."
+    return f"blocks.{layer}.{sub}hook_{name}"
+
+
+class HookNames:
+    """Resolves names against one model's hook points (``valid``, in canonical order)."""
+
+    def __init__(self, valid: Sequence[str], n_layers: int) -> None:
+        self.valid = list(valid)
+        self.valid_set = set(valid)
+        self.n_layers = n_layers
+
+    # -- one name ---------------------------------------------------------------------------------
+    def key(self, key: Any, param: str = "name") -> str:
+        """Exactly one canonical name for a canonical name or a ``(shorthand, layer[, layer_type])`` key."""
+        if isinstance(key, tuple):
+            if not key or not isinstance(key[0], str) or len(key) > 3:
+                raise TypeError(
+                    f"`{param}`={key!r}: a key tuple is (shorthand, layer[, layer_type]), e.g. ('resid_post', 0)."
+                )
+            layer = key[1] if len(key) > 1 else None
+            if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
+                raise TypeError(f"`{param}`={key!r}: the layer must be an int, got {type(layer).__name__}.")
+            if layer is not None:
+                self._check_layer(layer, key)
+                layer = layer + self.n_layers if layer < 0 else layer
+            name = get_act_name(key[0], layer, key[2] if len(key) > 2 else None)
+        elif isinstance(key, str):
+            if key in self.valid_set:
+                return key
+            name = get_act_name(key) if key in _SHORT and _SHORT[key] in ("", "norm") else key
+        else:
+            raise TypeError(
+                f"`{param}` must be a hook name (str) or a key tuple like ('resid_post', 0), got "
+                f"{type(key).__name__} {key!r}."
+            )
+        return self.check(name)
+
+    def check(self, name: str) -> str:
+        """``name`` itself if it is a hook point; otherwise the most specific error."""
+        if name in self.valid_set:
+            return name
+        match = _BLOCK_NAME.fullmatch(name)
+        if match and f"blocks.0.{match.group(2)}" in self.valid_set:
+            self._check_layer(int(match.group(1)), name)
+        if name in _SHORT:
+            raise KeyError(f"Shorthand {name!r} needs a layer index here, e.g. ({name!r}, 0).")
+        raise UnknownHookError(name, self.valid)
+
+    def _check_layer(self, layer: int, key: Any) -> None:
+        if not -self.n_layers <= layer < self.n_layers:
+            raise LayerOutOfRangeError(
+                f"{key!r}: layer {layer} is out of range; this model has {self.n_layers} layers, so a layer must "
+                f"be 0..{self.n_layers - 1} (or -{self.n_layers}..-1 from the end)."
+            )
+
+    # -- many names -----------------------------------------------------------------------------
+    def select(self, spec: NameFilter, param: str = "names_filter") -> list[str]:
+        """Canonical names selected by ``spec`` (None selects all), in canonical order, no repeats.
+
+        Raises `ValueError` when a predicate or list selects nothing.
+        """
+        if spec is None:
+            return list(self.valid)
+        if isinstance(spec, (str, tuple)) and not _is_list_of_specs(spec):
+            return self._one(spec, param)
+        if callable(spec):
+            try:
+                names = [n for n in self.valid if spec(n)]
+            except Exception as e:
+                raise TypeError(f"`{param}` predicate {spec!r} failed on a hook name: {e!r}.") from e
+            if not names:
+                raise ValueError(
+                    f"`{param}` predicate {spec!r} matched no hook point. Names look like {self.valid[:3]}; see "
+                    "`model.hook_dict`."
+                )
+            return names
+        if isinstance(spec, (list, tuple, set, frozenset)):
+            if not spec:
+                raise ValueError(f"`{param}` is empty; give at least one hook name, or None for all.")
+            chosen = {n for item in spec for n in self._one(item, param)}
+            return [n for n in self.valid if n in chosen]
+        raise TypeError(
+            f"`{param}` must be None, a hook name, a key like ('resid_post', 0), a list of those, or a predicate "
+            f"name -> bool; got {type(spec).__name__} {spec!r}."
+        )
+
+    def _one(self, item: Any, param: str) -> list[str]:
+        if isinstance(item, str) and item not in self.valid_set and _SHORT.get(item) in ("block", "attn", "mlp"):
+            names = [n for layer in range(self.n_layers) if (n := get_act_name(item, layer)) in self.valid_set]
+            if not names:
+                raise ValueError(f"`{param}`: shorthand {item!r} names no hook point of this model.")
+            return names
+        if callable(item) and not isinstance(item, str):
+            return self.select(item, param)
+        return [self.key(item, param)]
+
+
+def _is_list_of_specs(spec: str | tuple) -> bool:
+    """A tuple whose second element is not a layer int is a list of names, not a key."""
+    if isinstance(spec, str):
+        return False
+    return not (len(spec) >= 1 and isinstance(spec[0], str) and (len(spec) == 1 or isinstance(spec[1], int)))
