@@ -99,7 +99,6 @@ class TransformerBridge(nn.Module, HookRegistry, RelevanceMixin, GenerationMixin
             for site in sites:
                 site.sync()
         new = type(self)(hf_model, self.tokenizer)
-        new.train(self.training)
         for point in self.hook_dict.values():
             for entry in [*point.fwd_hooks, *point.bwd_hooks]:
                 new.add_hook(point.name, entry.fn, entry.dir, entry.permanent, entry.read_only)
