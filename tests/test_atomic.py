@@ -116,10 +116,8 @@ def test_fault_at_every_step_leaves_old_or_new_state(family, op, monkeypatch):
     while True:
         with monkeypatch.context() as patch:
             injector = Injector(patch, fail_at)
-            try:
+            with contextlib.suppress(KeyboardInterrupt):
                 OPS[op](model)
-            except KeyboardInterrupt:
-                pass
         after = state(model)
         assert after in (old, new), f"{op}: fault at step {fail_at} left a half state"
         if not injector.fired:
@@ -145,8 +143,8 @@ def _points_still_work(model) -> None:
     """No point is dead: each one a fault touched fires again."""
     model.reset_hooks(including_permanent=True)
     for name in ("blocks.0.attn.hook_q", "blocks.1.attn.hook_pattern", "blocks.1.hook_resid_post", "hook_embed"):
-        seen = []
-        with torch.no_grad(), model.hooks(fwd_hooks=[(name, lambda x, hook: seen.append(hook.name))]):
+        seen: list[str] = []
+        with torch.no_grad(), model.hooks(fwd_hooks=[(name, lambda x, hook, seen=seen: seen.append(hook.name))]):
             model(PROBE)
         assert seen == [name], f"{name} no longer fires"
 
