@@ -199,7 +199,11 @@ class HookNames:
 
 
 def _is_list_of_specs(spec: str | tuple) -> bool:
-    """A tuple whose second element is not a layer int is a list of names, not a key."""
+    """A tuple is a key ``(shorthand, layer[, layer_type])`` unless it reads as a list of names."""
     if isinstance(spec, str):
         return False
-    return not (len(spec) >= 1 and isinstance(spec[0], str) and (len(spec) == 1 or isinstance(spec[1], int)))
+    if not spec or not isinstance(spec[0], str):
+        return True
+    if len(spec) == 1:
+        return spec[0] not in _SHORT
+    return spec[0] not in _SHORT or isinstance(spec[1], str)
