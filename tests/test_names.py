@@ -109,11 +109,11 @@ def test_layer_out_of_range_is_both_key_and_index_error(model):
 def test_cache_lookup_errors_distinguish_unknown_out_of_range_and_not_cached(model):
     _, cache = model.run_with_cache(TOKENS, names_filter="resid_post")
     assert torch.equal(cache["resid_post", -1], cache["blocks.1.hook_resid_post"])
-    with pytest.raises(NotCachedError, match="valid hook point but is not in this cache.*names_filter"):
+    with pytest.raises(NotCachedError, match=r"valid hook point but is not in this cache.*names_filter"):
         cache["pattern", 1]
-    with pytest.raises(LayerOutOfRangeError, match="0..1"):
+    with pytest.raises(LayerOutOfRangeError, match=r"0\.\.1"):
         cache["resid_post", 2]
-    with pytest.raises(LayerOutOfRangeError, match="0..1"):
+    with pytest.raises(LayerOutOfRangeError, match=r"0\.\.1"):
         cache["blocks.30.hook_resid_post"]
     with pytest.raises(UnknownHookError, match="Closest"):
         cache["blocks.1.hook_resid_pots"]
