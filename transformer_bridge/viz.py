@@ -1,12 +1,17 @@
-"""Pictures of relevance: an HTML heatmap for notebooks and matplotlib PNGs for files.
+"""Pictures of relevance: HTML for notebooks and browsers, matplotlib figures for PNG files.
 
-Both read a `transformer_bridge.relevance.Relevance`. Scores are shown row-normalised (each
-explained token's scores divided by their largest magnitude), red for positive and blue for
-negative; the raw value is in each token's tooltip (HTML) or the colour bar (PNG).
+Both read a `transformer_bridge.relevance.Relevance` and say on the picture what is drawn: axis and
+colour-bar labels, what each component label means (``L29H1`` = layer 29, head 1), and token labels
+with their whitespace made visible (``␣`` space, ``↵`` newline, ``⇥`` tab), so ``' Paris'`` and
+``'Paris'`` differ. Token heatmaps are row-normalised (each explained token's scores divided by their
+largest magnitude), red for positive and blue for negative; raw values are in the HTML tooltips.
 """
 
 import html
 import math
+import re
+import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,122 +19,345 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from .relevance.result import Relevance
 
 _MAX_PNG_COLS = 160  # beyond this, ticks are thinned so labels stay legible
+_RED, _BLUE, _NOT_SEEN = "#dc2626", "#2563eb", "#d4d4d4"
+_WHITESPACE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+_LOG_FLOOR = -8  # logit-lens HTML: probabilities at or below 1e-8 are left uncoloured
+
+# What component and hook labels mean: (pattern, explanation with {0} the label and {1}.. its groups).
+_LABEL_FORMS = [
+    (r"L(\d+)H(\d+)", "{0} = layer {1}, attention head {2}"),
+    (r"L(\d+)\.mlp", "{0} = layer {1} MLP"),
+    (r"L(\d+)\.attn_bias", "{0} = layer {1} attention output bias"),
+    (r"L(\d+)", "{0} = residual stream after layer {1}"),
+    (r"embed", "embed = token embedding"),
+    (r"pos_embed", "pos_embed = position embedding"),
+    (r"bias:ln_final", "bias:ln_final = final norm's bias, read out by the unembedding"),
+    (r"bias:unembed", "bias:unembed = unembedding bias"),
+    (r"blocks\.(\d+)\.hook_resid_pre", "{0} = residual stream entering layer {1}"),
+    (r"blocks\.(\d+)\.hook_resid_mid", "{0} = residual stream between layer {1}'s attention and MLP"),
+    (r"blocks\.(\d+)\.hook_resid_post", "{0} = residual stream after layer {1}"),
+    (r"blocks\.(\d+)\.hook_attn_out", "{0} = layer {1} attention output"),
+    (r"blocks\.(\d+)\.hook_mlp_out", "{0} = layer {1} MLP output"),
+]
 
 
-def _visible(token: str) -> str:
-    return token.replace("\n", "↵").replace("\t", "⇥")
+def visible_token(token: str) -> str:
+    """``token`` with its whitespace drawn: ``␣`` space, ``↵`` newline, ``⇥`` tab, ``␍`` carriage return.
+
+    Example:
+        >>> visible_token(" Paris"), visible_token("\\n\\t")
+        ('␣Paris', '↵⇥')
+    """
+    return "".join(_WHITESPACE.get(ch, ch) for ch in token)
 
 
-def _colour(v: float) -> str:
-    """Background for a normalised score in [-1, 1]: white → red (positive) or blue (negative)."""
-    a = min(abs(v), 1.0)
-    if v >= 0:
-        return f"rgba(220, 38, 38, {a:.3f})"
-    return f"rgba(37, 99, 235, {a:.3f})"
+def label_legend(labels: list[str]) -> list[str]:
+    """One line per kind of label in ``labels``, explained on its first example (layers count from 0).
+
+    Example:
+        >>> label_legend(["L29H1", "L3.mlp", "L29H0"])
+        ['L29H1 = layer 29, attention head 1', 'L3.mlp = layer 3 MLP', 'layers and heads count from 0']
+    """
+    lines, counted = [], set()
+    for pattern, text in _LABEL_FORMS:
+        match = next((m for m in map(re.compile(pattern).fullmatch, labels) if m), None)
+        if match:
+            lines.append(text.format(match.group(0), *match.groups()))
+            counted.update(["layers", "heads"][: len(match.groups())])
+    return [*lines, f"{' and '.join(sorted(counted, reverse=True))} count from 0"] if counted else lines
 
 
+def in_notebook() -> bool:
+    """Whether this runs in a Jupyter-style kernel that renders HTML (not a script or terminal IPython)."""
+    ipython = sys.modules.get("IPython")  # a kernel has always imported it; never import it ourselves
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None:
+        return False
+    # Jupyter, VS Code and Colab shells are (subclasses of) ZMQInteractiveShell started by IPKernelApp.
+    kernel_shell = any(c.__name__ == "ZMQInteractiveShell" for c in type(shell).__mro__)
+    return kernel_shell or "IPKernelApp" in getattr(shell, "config", {})
+
+
+def default_html_path(rel: "Relevance") -> Path:
+    """A new ``.html`` file in the temporary folder: where `Relevance.show` writes ``rel`` outside notebooks."""
+    with tempfile.NamedTemporaryFile(prefix=f"relevance_{rel.method}_", suffix=".html", delete=False) as f:
+        return Path(f.name)
+
+
+# -- words shared by both kinds of picture ----------------------------------------------------------
+def _target_words(target: str) -> str:
+    contrast = re.fullmatch(r"logit_diff\(contrast=(\d+)\)", target)
+    if contrast:
+        return f"logit difference (token − token id {contrast.group(1)})"
+    return {"logit": "logit", "logprob": "log-probability"}.get(target, f"target {target}")
+
+
+def _score_words(rel: "Relevance") -> str:
+    """What one score of a token method is, e.g. 'relevance for the logit'."""
+    fixed = {"attention": "attention weight", "random": "random baseline score"}
+    if rel.method == "grad_norm":
+        return f"gradient norm of the {_target_words(rel.target)}"
+    return fixed.get(rel.method, f"relevance for the {_target_words(rel.target)}")
+
+
+def _sign_words(rel: "Relevance") -> str:
+    if rel.method in ("attention", "random", "grad_norm"):
+        return "darker = larger"
+    return f"red raises the {_target_words(rel.target)}, blue lowers it"
+
+
+def _row_label(rel: "Relevance", i: int, with_row: bool = True) -> str:
+    """``step 0 → "␣Paris"`` (``row 1, step 0 → …`` in batches, ``pos 7 → …`` outside generation)."""
+    e = rel.explained[i]
+    where = f"step {e.step_index}" if e.step_index is not None else f"pos {e.position}"
+    if with_row and rel.tokens.shape[0] > 1:
+        where = f"row {e.batch_index}, {where}"
+    return f'{where} → "{visible_token(rel.str_tokens[e.batch_index][e.position])}"'
+
+
+def _header_words(rel: "Relevance") -> str:
+    if rel.kind == "layers":
+        return f"probability and rank of {len(rel)} explained token(s) after each layer"
+    if rel.method in ("attention", "random"):
+        return f"{_score_words(rel)}s for {len(rel)} token(s)"
+    return f"explains the {_target_words(rel.target)} of {len(rel)} token(s)"
+
+
+def _shown(rel: "Relevance", limit: int) -> list[int]:
+    return list(range(min(len(rel), limit)))
+
+
+def _not_all(rel: "Relevance", shown: list[int]) -> list[str]:
+    return [f"first {len(shown)} of {len(rel)} explained tokens shown"] if len(shown) < len(rel) else []
+
+
+# -- HTML ---------------------------------------------------------------------------------------------
 def relevance_html(rel: "Relevance", max_tokens: int | None = None) -> str:
-    """HTML: for each explained token, its source tokens coloured by relevance (wrapping lines).
+    """HTML: for each explained token, its source tokens coloured by relevance (wrapping lines), the
+    largest components (``dla``, ``attribution_patching``) or a layer × token grid (``logit_lens``),
+    under a legend that says what colours, numbers and labels mean.
 
     ``max_tokens`` keeps only the last that many source tokens of each row (long prompts).
 
     Example:
-        >>> html_text = relevance_html(rel)   # or rel.show() in a notebook
+        >>> html_text = relevance_html(rel)   # or rel.show(): inline in a notebook, an .html file elsewhere
     """
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise ValueError(f"`max_tokens` must be a positive int or None, got {max_tokens!r}.")
-    head = (
-        f"<div style='font-family:monospace;font-size:13px;line-height:1.9'>"
-        f"<div><b>{html.escape(rel.method)}</b> · target {html.escape(rel.target)} · {len(rel)} token(s)</div>"
+    body = {"tokens": _html_tokens, "components": _html_bars, "layers": _html_layers, "hooks": _html_bars}
+    return (
+        "<div style='font-family:monospace;font-size:13px;line-height:1.9'>"
+        f"<div><b>{html.escape(rel.method)}</b> · {html.escape(_header_words(rel))}</div>"
+        f"{body[rel.kind](rel, max_tokens)}</div>"
     )
-    parts = [head]
-    for step in rel:
-        label = f"step {step.step_index}" if step.step_index is not None else f"pos {step.position}"
-        extra = ""
-        if step.conservation_error is not None:
-            extra = f" · Σ/target gap {step.conservation_error:.2g}"
-        parts.append(
-            f"<div style='margin-top:6px'><b>row {step.batch_index}, {label} → "
-            f"{html.escape(repr(step.token))}</b>{extra}</div>"
+
+
+def _legend(lines: list[str], swatch: str = "") -> str:
+    items = "".join(f"<div>{html.escape(line)}</div>" for line in lines)
+    return f"<div style='color:#444;font-size:12px;line-height:1.5;margin:2px 0 6px'>{swatch}{items}</div>"
+
+
+def _gradient_swatch(left: str, right: str, colours: str) -> str:
+    bar = f"<span style='display:inline-block;width:140px;height:10px;margin:0 6px;background:{colours}'></span>"
+    return f"<div>{html.escape(left)}{bar}{html.escape(right)}</div>"
+
+
+def _cell(v: float) -> str:
+    """Background and text colour of a token whose normalised score is ``v`` in [-1, 1]."""
+    a = min(abs(v), 1.0)
+    rgb = "220, 38, 38" if v >= 0 else "37, 99, 235"
+    return f"background:rgba({rgb}, {a:.3f});color:{'white' if a > 0.6 else 'black'}"
+
+
+def _html_token(token: str) -> str:
+    """Escaped token, its whitespace marks drawn faintly so words still read as words."""
+    return "".join(
+        f"<span style='opacity:0.55'>{_WHITESPACE[ch]}</span>" if ch in _WHITESPACE else html.escape(ch) for ch in token
+    )
+
+
+def _html_tokens(rel: "Relevance", max_tokens: int | None) -> str:
+    swatch = _gradient_swatch("−1", "+1", f"linear-gradient(to right, {_BLUE}, white, {_RED})")
+    parts = [
+        _legend(
+            [
+                f"colour: {_score_words(rel)} ÷ the largest |value| in its row ({_sign_words(rel)})",
+                "hover a token for its raw score · ␣ space, ↵ newline, ⇥ tab · the boxed token is the one explained",
+            ],
+            swatch,
         )
-        if rel.kind == "tokens":
-            parts.append(_token_line(step.source_tokens or [], step.relevance, max_tokens))
-        else:
-            parts.append(_bars(step.labels or [], step.relevance, rel.kind))
-    parts.append("</div>")
+    ]
+    for i, step in enumerate(rel):
+        extra = ""
+        if step.conservation_error is not None and step.target_value is not None:
+            extra = (
+                f" · Σ relevance {float(step.relevance.sum()):.3g} vs {_target_words(rel.target)} "
+                f"{step.target_value:.3g} (off by {step.conservation_error:.0%})"
+            )
+        parts.append(f"<div style='margin-top:6px'><b>{html.escape(_row_label(rel, i))}</b>{extra}</div>")
+        parts.append(_token_line(step.source_tokens or [], step.relevance, max_tokens, step.token))
     return "".join(parts)
 
 
-def _token_line(tokens: list[str], scores: Tensor, max_tokens: int | None) -> str:
-    scale = float(scores.abs().max()) if scores.numel() else 0.0
-    scale = scale or 1.0
+def _token_line(tokens: list[str], scores: Tensor, max_tokens: int | None, explained: str) -> str:
+    scale = (float(scores.abs().max()) if scores.numel() else 0.0) or 1.0
     start = 0 if max_tokens is None else max(0, len(tokens) - max_tokens)
     spans = ["<div style='display:flex;flex-wrap:wrap;gap:1px'>"]
     if start:
         spans.append(f"<span style='color:#888'>… {start} earlier tokens </span>")
     for tok, v in zip(tokens[start:], scores[start:].tolist(), strict=True):
         spans.append(
-            f"<span title='{v:.4g}' style='white-space:pre;padding:0 1px;border-radius:2px;"
-            f"background:{_colour(v / scale)}'>{html.escape(_visible(tok))}</span>"
+            f"<span title='{v:.4g}' style='white-space:pre;padding:0 1px;border-radius:2px;{_cell(v / scale)}'>"
+            f"{_html_token(tok)}</span>"
         )
-    spans.append("</div>")
+        if "\n" in tok:  # break the line where the text does, so multi-line prompts keep their shape
+            spans.append("<span style='flex-basis:100%;height:0'></span>")
+    spans.append(
+        f"<span title='explained token' style='white-space:pre;padding:0 2px;border:1px dashed #555;"
+        f"border-radius:2px'>{_html_token(explained)}</span></div>"
+    )
     return "".join(spans)
 
 
-def _bars(labels: list[str], scores: Tensor, kind: str, top: int = 12) -> str:
-    if kind == "hooks":  # [hook, pos]: show each hook's total
-        scores = scores.sum(-1)
-    order = scores.abs().argsort(descending=True)[:top].tolist() if kind != "layers" else range(len(labels))
-    scale = float(scores.abs().max()) or 1.0
+def _html_bars(rel: "Relevance", max_tokens: int | None, top: int = 12) -> str:
+    labels = rel.labels or []
+    target = _target_words(rel.target)
+    if rel.kind == "hooks":
+        top = max(top, 40)  # hooks keep model order, so a layer profile reads top to bottom
+        largest = f" (the {top} largest by |value|)" if len(labels) > top else ""
+        lines = [f"bar: estimated change in the {target} from patching in the clean activation, summed over "
+                 f"positions (attribution patching); hook points in model order{largest}"]  # fmt: skip
+    else:
+        lines = [f"bar: direct contribution to the {target} (red raises it, blue lowers it); "
+                 f"top {top} of {len(labels)} by |value|"]  # fmt: skip
+    rows = []
+    for i in range(len(rel)):
+        scores = rel.scores[i].float()
+        total = ""
+        if rel.kind == "hooks":
+            scores = scores.sum(-1)
+            order = sorted(scores.abs().argsort(descending=True)[:top].tolist())
+        else:
+            order = scores.abs().argsort(descending=True)[:top].tolist()
+            total = f" · all {len(labels)} sum to {float(scores.sum()):.4g}, the {target}"
+        rows.append(([labels[j] for j in order], scores[order], total))
+    parts = [_legend(lines + label_legend([label for shown, _, _ in rows for label in shown]))]
+    for i, (shown, values, total) in enumerate(rows):
+        parts.append(f"<div style='margin-top:6px'><b>{html.escape(_row_label(rel, i))}</b>{total}</div>")
+        parts.append(_bar_table(shown, values))
+    return "".join(parts)
+
+
+def _bar_table(labels: list[str], values: Tensor) -> str:
+    """Bars that grow left (negative, blue) or right (positive, red) of a zero line."""
+    scale = (float(values.abs().max()) if values.numel() else 0.0) or 1.0
     rows = ["<table style='border-collapse:collapse'>"]
-    for i in order:
-        v = float(scores[i])
-        width = int(120 * abs(v) / scale)
+    for label, v in zip(labels, values.tolist(), strict=True):
+        bar = f"<div style='display:inline-block;width:{int(120 * abs(v) / scale)}px;height:10px;background:"
+        neg, pos = (f"{bar}{_BLUE}'></div>", "") if v < 0 else ("", f"{bar}{_RED}'></div>")
         rows.append(
-            f"<tr><td style='padding-right:8px'>{html.escape(labels[i])}</td><td style='text-align:right;"
-            f"padding-right:6px'>{v:.4g}</td><td><div style='width:{width}px;height:10px;"
-            f"background:{_colour(math.copysign(1.0, v) * 0.8)}'></div></td></tr>"
+            f"<tr><td style='padding-right:8px'>{html.escape(label)}</td><td style='text-align:right;"
+            f"padding-right:6px'>{v:.4g}</td><td style='width:120px;text-align:right;line-height:0'>{neg}</td>"
+            f"<td style='width:120px;border-left:1px solid #333;line-height:0'>{pos}</td></tr>"
         )
     rows.append("</table>")
     return "".join(rows)
 
 
+def _html_layers(rel: "Relevance", max_tokens: int | None) -> str:
+    rank = rel.extras.get("rank")
+    swatch = _gradient_swatch(f"p ≤ 1e{_LOG_FLOOR}", "p = 1", "linear-gradient(to right, white, #15803d)")
+    lines = [
+        "cell colour: probability of the explained token if the model stopped after that layer (log scale)",
+        "number in the cell: its rank among all tokens (1 = most likely; k = thousands); hover for the values",
+    ]
+    parts = [_legend(lines if rank is not None else lines[:1], swatch)]
+    head = "".join(f"<th style='font-weight:normal;padding:0 3px'>{label}</th>" for label in rel.labels or [])
+    parts.append(f"<table style='border-collapse:collapse'><tr><th>layer →</th>{head}</tr>")
+    for i in range(len(rel)):
+        cells = []
+        for layer, p in enumerate(rel.scores[i].float().tolist()):
+            alpha = min(max(math.log10(max(p, 1e-30)) / -_LOG_FLOOR + 1, 0.0), 1.0)
+            r = None if rank is None else int(rank[i, layer]) + 1
+            text = "" if r is None else (f"{r}" if r < 1000 else f"{r // 1000}k")
+            tip = f"p = {p:.3g}" + ("" if r is None else f", rank {r}")
+            cells.append(
+                f"<td title='{tip}' style='text-align:center;padding:0 3px;background:rgba(21, 128, 61, {alpha:.3f});"
+                f"color:{'white' if alpha > 0.6 else 'black'}'>{text}</td>"
+            )
+        label = html.escape(_row_label(rel, i))
+        parts.append(f"<tr><td style='padding-right:8px;white-space:pre'>{label}</td>{''.join(cells)}</tr>")
+    parts.append("</table>")
+    return "".join(parts)
+
+
+# -- matplotlib ---------------------------------------------------------------------------------------
+def relevance_figure(rel: "Relevance", top_k: int = 20, max_tokens: int | None = None) -> "Figure":
+    """A matplotlib figure of ``rel``: heatmap (explained × source tokens, one panel per batch row), bar
+    charts of the ``top_k`` components per explained token (``dla``), probability and rank per layer
+    on log axes (``logit_lens``), or hook × position heatmaps (``attribution_patching``). Every axis and
+    colour bar is labelled; a caption under the panels explains colours and labels.
+
+    Example:
+        >>> fig = relevance_figure(rel)
+        >>> fig.axes[0].get_xlabel()
+        'source token (␣ space, ↵ newline, ⇥ tab)'
+    """
+    if len(rel) == 0:
+        raise ValueError("Nothing to draw: the Relevance holds no explained token.")
+    if not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"`top_k` must be a positive int, got {top_k!r}.")
+    draw = {"tokens": _draw_tokens, "components": _draw_components, "layers": _draw_layers, "hooks": _draw_hooks}
+    return draw[rel.kind](rel, top_k=top_k, max_tokens=max_tokens)
+
+
 def save_relevance_png(
     rel: "Relevance", path: str | Path, top_k: int = 20, max_tokens: int | None = None, dpi: int = 120
 ) -> Path:
-    """Save ``rel`` as a PNG: heatmap (explained × source tokens, one panel per batch row), bar charts
-    of the ``top_k`` components per explained token (``dla``), probability per layer (``logit_lens``),
-    or hook × position heatmaps (``attribution_patching``).
+    """Save `relevance_figure` of ``rel`` as a PNG at ``path``.
 
     Example:
         >>> save_relevance_png(rel, "relevance.png")
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
-    if len(rel) == 0:
-        raise ValueError("Nothing to draw: the Relevance holds no explained token.")
-    path = Path(path)
-    draw = {"tokens": _draw_tokens, "components": _draw_components, "layers": _draw_layers, "hooks": _draw_hooks}
-    fig: Figure = draw[rel.kind](rel, Figure, top_k=top_k, max_tokens=max_tokens)
+    fig = relevance_figure(rel, top_k=top_k, max_tokens=max_tokens)
     FigureCanvasAgg(fig)
+    path = Path(path)
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
     return path
 
 
-def _labels_for(rel: "Relevance", index: list[int]) -> list[str]:
-    out = []
-    for i in index:
-        s = rel[i]
-        label = f"{s.step_index}" if s.step_index is not None else f"p{s.position}"
-        out.append(f"{label}: {_visible(s.token)!r}")
-    return out
+def _figure(width: float, height: float, caption: list[str]) -> "Figure":
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height + 0.17 * len(caption)), layout="constrained")
+    if caption:
+        fig.supxlabel("\n".join(caption), x=0.0, ha="left", fontsize=8, color="#333", linespacing=1.5)
+    return fig
 
 
-def _draw_tokens(rel: "Relevance", figure_cls, top_k: int, max_tokens: int | None):
+def _colorbar(fig: "Figure", image, ax, label: str) -> None:
+    # The bar's thickness is its length / aspect: sized from the panel so it spans the panel's height.
+    height = ax.get_position().height * fig.get_figheight()
+    fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01, aspect=max(10.0, height / 0.16)).set_label(label, fontsize=8)
+
+
+def _token_ticks(ax, rel: "Relevance", b: int, cols: list[int], font: float) -> None:
+    step = max(1, math.ceil(len(cols) / _MAX_PNG_COLS))
+    ticks = list(range(0, len(cols), step))
+    ax.set_xticks(ticks, [visible_token(rel.str_tokens[b][cols[t]]) for t in ticks], rotation=90, fontsize=font)
+    ax.set_xlabel("source token (␣ space, ↵ newline, ⇥ tab)", fontsize=8)
+
+
+def _draw_tokens(rel: "Relevance", top_k: int, max_tokens: int | None) -> "Figure":
+    from matplotlib import colormaps
+
     by_row: dict[int, list[int]] = {}
     for i, e in enumerate(rel.explained):
         by_row.setdefault(e.batch_index, []).append(i)
@@ -140,73 +368,121 @@ def _draw_tokens(rel: "Relevance", figure_cls, top_k: int, max_tokens: int | Non
         if max_tokens is not None:
             cols = cols[-max_tokens:]
         mat = rel.scores[idx][:, cols].float()
-        norm = mat.abs().amax(-1, keepdim=True).clamp_min(1e-12)
-        panels.append((b, idx, cols, mat / norm))
+        mat = mat / mat.abs().amax(-1, keepdim=True).clamp_min(1e-12)
+        # Columns at or after an explained token cannot affect it: grey, not a white "zero".
+        seen = torch.tensor(cols)[None] < torch.tensor([rel.explained[i].position for i in idx])[:, None]
+        panels.append((b, idx, cols, mat.masked_fill(~seen, math.nan)))
     n_cols = max(len(p[2]) for p in panels)
     n_rows = sum(len(p[1]) for p in panels)
-    width = min(4 + 0.28 * min(n_cols, _MAX_PNG_COLS), 40)
-    height = min(1.5 + 0.32 * n_rows + 1.2 * len(panels), 60)
-    fig = figure_cls(figsize=(width, height))
+    caption = [
+        f"colour: {_score_words(rel)} ÷ the largest |value| in its row ({_sign_words(rel)}); "
+        "rows are not comparable in size",
+        "grey: at or after the explained token, so it cannot contribute"
+        + (" · dashed line: end of the prompt" if rel.explained[0].step_index is not None else ""),
+    ]
+    fig = _figure(min(4 + 0.28 * min(n_cols, _MAX_PNG_COLS), 40), min(1.5 + 0.32 * n_rows + 1.3 * len(panels), 60),
+                  caption)  # fmt: skip
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     font = 8 if n_cols <= 60 else 6
+    signed = any(bool((p[3] < 0).any()) for p in panels)  # all ≥ 0 (attention, gradient norms): one-sided scale
+    cmap = colormaps["RdBu_r" if signed else "Reds"].with_extremes(bad=_NOT_SEEN)
     for ax, (b, idx, cols, mat) in zip(axes, panels, strict=True):
-        image = ax.imshow(mat.numpy(), cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
-        step = max(1, math.ceil(len(cols) / _MAX_PNG_COLS))
-        ticks = list(range(0, len(cols), step))
-        ax.set_xticks(ticks, [_visible(rel.str_tokens[b][cols[t]]) for t in ticks], rotation=90, fontsize=font)
-        ax.set_yticks(range(len(idx)), _labels_for(rel, idx), fontsize=font)
-        ax.set_title(f"{rel.method} ({rel.target}), row {b}: explained tokens × source tokens, row-normalised",
-                     fontsize=9)  # fmt: skip
-        fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01)
+        image = ax.imshow(
+            mat.numpy(), cmap=cmap, vmin=-1 if signed else 0, vmax=1, aspect="auto", interpolation="nearest"
+        )
+        _token_ticks(ax, rel, b, cols, font)
+        ax.set_yticks(range(len(idx)), [_row_label(rel, i, with_row=False) for i in idx], fontsize=font)
+        ax.set_ylabel("explained token", fontsize=8)
+        e = rel.explained[idx[0]]
+        if e.step_index is not None:  # generated tokens: mark where the prompt ends
+            prompt_end = sum(c < e.position - e.step_index for c in cols)
+            if 0 < prompt_end < len(cols):
+                ax.axvline(prompt_end - 0.5, color="black", linestyle="--", linewidth=0.8)
+        row = f", batch row {b}" if rel.tokens.shape[0] > 1 else ""
+        target = "" if rel.method in ("attention", "random") else f" ({_target_words(rel.target)})"
+        ax.set_title(f"{rel.method}{target}{row}: which source tokens each token drew on", fontsize=9)
+        _colorbar(fig, image, ax, f"{_score_words(rel)}\n÷ row's largest |value|")
     return fig
 
 
-def _draw_components(rel: "Relevance", figure_cls, top_k: int, max_tokens: int | None):
-    n = min(len(rel), 8)
-    fig = figure_cls(figsize=(8, 0.4 + 0.22 * top_k * n + 0.5 * n))
-    axes = fig.subplots(n, 1, squeeze=False)[:, 0]
+def _draw_components(rel: "Relevance", top_k: int, max_tokens: int | None) -> "Figure":
+    shown = _shown(rel, 8)
     labels = rel.labels or []
-    for i, ax in enumerate(axes):
-        scores = rel.scores[i].float()
-        order = scores.abs().argsort(descending=True)[:top_k].flip(0).tolist()
-        values = [float(scores[j]) for j in order]
-        ax.barh(range(len(order)), values, color=["#dc2626" if v >= 0 else "#2563eb" for v in values])
+    orders = [rel.scores[i].float().abs().argsort(descending=True)[:top_k].flip(0).tolist() for i in shown]
+    used = [labels[j] for order in orders for j in reversed(order)]  # largest first: the legend's examples
+    what = f"direct contribution to the {_target_words(rel.target)}"
+    caption = [
+        f"red raises the {_target_words(rel.target)}, blue lowers it",
+        *label_legend(used),
+        *_not_all(rel, shown),
+    ]
+    fig = _figure(8, 0.4 + 0.22 * top_k * len(shown) + 0.9 * len(shown), caption)
+    axes = fig.subplots(len(shown), 1, squeeze=False)[:, 0]
+    for i, ax, order in zip(shown, axes, orders, strict=True):
+        values = [float(rel.scores[i, j]) for j in order]
+        ax.barh(range(len(order)), values, color=[_RED if v >= 0 else _BLUE for v in values])
         ax.set_yticks(range(len(order)), [labels[j] for j in order], fontsize=7)
         ax.axvline(0, color="black", linewidth=0.5)
-        total = float(scores.sum())
-        ax.set_title(f"{_labels_for(rel, [i])[0]} — top {len(order)} of {len(labels)} components, sum {total:.3g}",
-                     fontsize=9)  # fmt: skip
+        ax.set_xlabel(what, fontsize=8)
+        ax.set_ylabel("component", fontsize=8)
+        total = f"all {len(labels)} sum to {float(rel.scores[i].float().sum()):.3g}, the {_target_words(rel.target)}"
+        ax.set_title(f"{_row_label(rel, i)}: top {len(order)} of {len(labels)} by |contribution| ({total})", fontsize=9)
     return fig
 
 
-def _draw_layers(rel: "Relevance", figure_cls, top_k: int, max_tokens: int | None):
-    fig = figure_cls(figsize=(8, 4))
-    ax = fig.subplots()
-    names = _labels_for(rel, list(range(len(rel))))
-    for i in range(min(len(rel), 12)):
-        ax.plot(rel.scores[i].float().numpy(), marker="o", markersize=3, label=names[i])
-    ax.set_xlabel("layer")
-    ax.set_ylabel("probability of the explained token")
-    ax.set_title(f"{rel.method}: probability after each layer", fontsize=9)
-    ax.legend(fontsize=7)
+def _draw_layers(rel: "Relevance", top_k: int, max_tokens: int | None) -> "Figure":
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    shown = _shown(rel, 12)
+    rank = rel.extras.get("rank")
+    caption = [
+        "each layer's residual stream (blocks.L.hook_resid_post) read through the final norm and unembedding; "
+        "the last layer is the model's own output",
+        *_not_all(rel, shown),
+    ]
+    fig = _figure(9, 6.5 if rank is not None else 4, caption)
+    axes = fig.subplots(1 if rank is None else 2, 1, sharex=True, squeeze=False)[:, 0]
+    layers = list(range(rel.scores.shape[1]))
+    for i in shown:
+        axes[0].plot(layers, rel.scores[i].float().numpy(), marker="o", markersize=3, label=_row_label(rel, i))
+        if rank is not None:
+            axes[1].plot(layers, (rank[i] + 1).numpy(), marker="o", markersize=3)
+    axes[0].set_yscale("log", nonpositive="mask")
+    axes[0].set_ylabel("probability of the explained token\n(log scale)", fontsize=8)
+    axes[0].set_title(f"{rel.method}: the explained token if the model stopped after each layer", fontsize=9)
+    axes[0].legend(title="explained token", fontsize=7, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    if rank is not None:
+        axes[1].set_yscale("log")
+        axes[1].invert_yaxis()  # rank 1 on top, like probability 1
+        axes[1].yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axes[1].set_ylabel("rank of the explained token\n(1 = most likely; log scale)", fontsize=8)
+    axes[-1].set_xlabel("layer (0 = first)", fontsize=8)
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in axes:
+        ax.grid(True, which="major", alpha=0.3)
     return fig
 
 
-def _draw_hooks(rel: "Relevance", figure_cls, top_k: int, max_tokens: int | None):
-    n = min(len(rel), 4)
-    fig = figure_cls(figsize=(10, 2 + 0.25 * len(rel.labels or []) * n))
-    axes = fig.subplots(n, 1, squeeze=False)[:, 0]
-    for i, ax in enumerate(axes):
+def _draw_hooks(rel: "Relevance", top_k: int, max_tokens: int | None) -> "Figure":
+    shown = _shown(rel, 4)
+    labels = rel.labels or []
+    what = f"estimated change in the {_target_words(rel.target)}"
+    caption = [
+        f"colour: {what} when the clean activation is patched into the corrupted run (attribution patching)",
+        *label_legend(labels),
+        *_not_all(rel, shown),
+    ]
+    fig = _figure(10, 2 + 0.25 * len(labels) * len(shown), caption)
+    axes = fig.subplots(len(shown), 1, squeeze=False)[:, 0]
+    for i, ax in zip(shown, axes, strict=True):
         e = rel.explained[i]
         cols = rel.source_positions(i)
         mat = rel.scores[i][:, cols].float()
         lim = float(mat.abs().max()) or 1.0
         image = ax.imshow(mat.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
-        ax.set_yticks(range(len(rel.labels or [])), rel.labels or [], fontsize=6)
-        step = max(1, math.ceil(len(cols) / _MAX_PNG_COLS))
-        ax.set_xticks(range(0, len(cols), step),
-                      [_visible(rel.str_tokens[e.batch_index][cols[t]]) for t in range(0, len(cols), step)],
-                      rotation=90, fontsize=6)  # fmt: skip
-        ax.set_title(f"{_labels_for(rel, [i])[0]}: hook × position", fontsize=9)
-        fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01)
+        ax.set_yticks(range(len(labels)), labels, fontsize=6)
+        ax.set_ylabel("hook point", fontsize=8)
+        _token_ticks(ax, rel, e.batch_index, cols, 6)
+        ax.set_title(f"{_row_label(rel, i)}: hook point × source position", fontsize=9)
+        _colorbar(fig, image, ax, what)
     return fig

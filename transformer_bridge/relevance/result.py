@@ -3,7 +3,7 @@
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import torch
 from jaxtyping import Float, Int
@@ -12,6 +12,8 @@ from torch import Tensor
 from .targets import ExplainedToken
 
 Kind = Literal["tokens", "components", "layers", "hooks"]
+TopBy = Literal["value", "abs"]
+TOP_BY: tuple[str, ...] = ("value", "abs")
 
 
 @dataclass
@@ -57,12 +59,23 @@ class StepRelevance:
     target_value: float | None = None
     conservation_error: float | None = None
 
-    def top(self, k: int = 5) -> list[tuple[str, float]]:
-        """The ``k`` highest-scoring sources (token strings or labels) with their scores."""
+    def top(self, k: int = 5, by: TopBy = "value") -> list[tuple[str, float]]:
+        """The ``k`` top sources (token strings or labels) with their (signed) scores.
+
+        ``by="value"`` ranks the highest scores first; ``by="abs"`` the largest magnitudes, so
+        strong negative contributions (a head that suppresses the token) rank too.
+
+        Example:
+            >>> dla[0].top(3, by="abs")   # [('L29H0', -3.17), ('L28.mlp', 3.17), ('L29H1', 3.05)]
+        """
+        if by not in TOP_BY:
+            raise ValueError(f"`by`={by!r} is not valid; use one of {TOP_BY}: 'value' (highest first) or 'abs' "
+                             "(largest magnitude first, signs kept).")  # fmt: skip
         names = self.source_tokens if self.source_tokens is not None else self.labels
         if names is None or self.relevance.dim() != 1:
             raise ValueError("`top` needs one score per source token or component.")
-        order = self.relevance.argsort(descending=True)[:k].tolist()
+        key = self.relevance.abs() if by == "abs" else self.relevance
+        order = key.argsort(descending=True, stable=True)[:k].tolist()
         return [(names[i], float(self.relevance[i])) for i in order]
 
 
@@ -78,6 +91,7 @@ class Relevance(Sequence[StepRelevance]):
         >>> rel = run.relevance_pass(token_indices=[0, 2])
         >>> rel[0].step_index, rel[0].token, rel[0].top(3)
         >>> rel.save_png("relevance.png")
+        >>> rel.show()   # inline in a notebook; in a script, writes an .html file and returns its path
     """
 
     method: str
@@ -149,17 +163,36 @@ class Relevance(Sequence[StepRelevance]):
         return f"Relevance(method={self.method!r}, target={self.target!r}, {len(self)} tokens [{steps}{more}])"
 
     # -- pictures -----------------------------------------------------------------------------
-    def show(self, max_tokens: int | None = None) -> "HTMLView":
-        """An HTML heatmap of source tokens per explained token (displays itself in notebooks)."""
-        from ..viz import relevance_html
+    @overload
+    def show(self, max_tokens: int | None = None, *, path: str | Path) -> Path: ...
+    @overload
+    def show(self, max_tokens: int | None = None, path: str | Path | None = None) -> "HTMLView | Path": ...
+    def show(self, max_tokens: int | None = None, path: str | Path | None = None) -> "HTMLView | Path":
+        """The HTML picture: in a notebook, an `HTMLView` that displays inline; elsewhere (scripts,
+        terminals) it is written to an ``.html`` file and that file's `Path` is returned.
 
-        return HTMLView(relevance_html(self, max_tokens=max_tokens))
+        ``path`` writes the file there (in notebooks too); by default a new file in the temporary
+        folder. ``max_tokens`` keeps the last that many source tokens of each row.
+
+        Example:
+            >>> print(rel.show())          # a script: /tmp/relevance_attnlrp_….html, open it in a browser
+            >>> rel.show(path="why.html")  # Path('why.html')
+        """
+        from ..viz import default_html_path, in_notebook, relevance_html
+
+        view = HTMLView(relevance_html(self, max_tokens=max_tokens))
+        if path is None and in_notebook():
+            return view
+        return view.save(default_html_path(self) if path is None else path)
 
     def _repr_html_(self) -> str:
-        return self.show()._repr_html_()
+        from ..viz import relevance_html
+
+        return relevance_html(self)
 
     def save_png(self, path: str | Path, **kwargs: Any) -> Path:
-        """Save a matplotlib figure: heatmap (tokens × sources), bar charts (``dla``) or curves (``logit_lens``)."""
+        """Save a labelled matplotlib figure: heatmap (tokens × sources), bar charts (``dla``), probability
+        and rank per layer (``logit_lens``) or hook × position heatmaps; ``kwargs`` go to `save_relevance_png`."""
         from ..viz import save_relevance_png
 
         return save_relevance_png(self, path, **kwargs)
@@ -178,6 +211,7 @@ class HTMLView:
         return self.html
 
     def save(self, path: str | Path) -> Path:
+        """Write a standalone UTF-8 HTML page (the ␣ ↵ marks need the charset) and return its path."""
         path = Path(path)
         path.write_text(f"<!doctype html><meta charset='utf-8'>\n{self.html}\n", encoding="utf-8")
         return path
