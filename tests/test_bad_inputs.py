@@ -74,7 +74,7 @@ def _cached(call):
 
 CASES = [
     # forward: tokens
-    ("input_int", lambda m: m(5), TypeError, r"`input` must be a str.*got int 5"),
+    ("input_int", lambda m: m(5), TypeError, r"`input` must be a str.*got 5\."),
     ("input_empty_list", lambda m: m([]), TypeError, r"`input`"),
     ("tokens_float", lambda m: m(TOKENS.float()), TypeError, r"`input` tokens must be an integer tensor.*float32"),
     ("tokens_out_of_vocab", lambda m: m(TOKENS + V), ValueError, rf"`input` contains token id {V + 9}.*\[0, {V - 1}\]"),

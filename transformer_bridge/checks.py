@@ -1,16 +1,126 @@
-"""Small argument checks shared by every layer (nothing here imports from the package)."""
+"""Argument checks shared by every layer (the core, `generate`, relevance): errors that name the parameter.
 
-from typing import Any
+Every check runs once, before any forward. A message says which parameter (in backticks), the
+value received, what is valid and how to fix it. Wrong types raise `ArgumentTypeError`, a
+`TypeError` that is also a `ValueError` (what these checks raised before, so ``except ValueError``
+keeps working); indices out of range raise `ArgumentIndexError` (an `IndexError` and a
+`ValueError`, like numpy's ``AxisError``).
+
+Example:
+    >>> check_int("steps", 4, minimum=1)
+    4
+    >>> check_int("steps", 0, minimum=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: `steps` must be an int >= 1, got 0.
+"""
+
+import difflib
+import functools
+import inspect
+import numbers
+from collections.abc import Callable, Iterable
+from typing import Any, ParamSpec, TypeVar
 
 import torch
+from torch import Tensor
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """A parameter of the wrong type (a `TypeError`; also a `ValueError` for older ``except`` clauses)."""
+
+
+class ArgumentIndexError(IndexError, ValueError):
+    """An index out of range (an `IndexError`; also a `ValueError` for older ``except`` clauses)."""
 
 
 def describe(value: Any) -> str:
+    """A short description of ``value`` for a message: a tensor's dtype and shape, else a clipped repr."""
+    if isinstance(value, Tensor):
+        return f"a tensor of dtype {str(value.dtype).removeprefix('torch.')} and shape {tuple(value.shape)}"
     text = repr(value)
-    return f"{type(value).__name__} {text[:60]}{'…' if len(text) > 60 else ''}"
+    text = text if len(text) <= 80 else text[:77] + "..."
+    return text if isinstance(value, (bool, int, float, str, type(None))) else f"{text} ({type(value).__name__})"
+
+
+def is_int(value: object) -> bool:
+    """An integer (numpy's included) that is not a bool: ``True`` as a count or an id is a caller bug."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value: object) -> bool:
+    """A real number (numpy's included) that is not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: object, minimum: int | None = None, maximum: int | None = None, hint: str = "") -> int:
+    """``value`` as a Python int, or an error naming ``name``: `ArgumentTypeError` / `ValueError`."""
+    if minimum is not None and maximum is not None:
+        allowed = f"an int in [{minimum}, {maximum}]"
+    elif minimum is not None:
+        allowed = f"an int >= {minimum}"
+    else:
+        allowed = "an int"
+    hint = f" {hint}" if hint else ""
+    if not is_int(value):
+        raise ArgumentTypeError(f"`{name}` must be {allowed}, got {describe(value)}.{hint}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ValueError(f"`{name}` must be {allowed}, got {value!r}.{hint}")
+    return int(value)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` if it is True or False, else `ArgumentTypeError` naming ``name``."""
+    if not isinstance(value, bool):
+        raise ArgumentTypeError(f"`{name}` must be True or False, got {describe(value)}.")
+    return value
+
+
+def did_you_mean(name: str, valid: Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` for the closest of ``valid`` (difflib), or an empty string."""
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def unknown_keywords_error(where: str, unknown: Iterable[str], valid: Iterable[str]) -> TypeError:
+    """The `TypeError` for keyword arguments ``where`` does not take, with the closest valid one."""
+    unknown, valid = list(unknown), list(valid)
+    hint = did_you_mean(unknown[0], valid) or f" Valid: {', '.join(valid)}."
+    return TypeError(f"{where} got unknown keyword argument(s) {unknown}.{hint}")
+
+
+def suggest_keywords(fn: Callable[P, R]) -> Callable[P, R]:
+    """Make an unknown keyword argument of ``fn`` raise a `TypeError` that names the closest valid one.
+
+    The valid names come from ``fn``'s signature, read once here; a call costs one set comparison.
+
+    Example:
+        >>> @suggest_keywords
+        ... def f(*, max_new_tokens=1): ...
+        >>> f(max_new_token=2)
+        Traceback (most recent call last):
+        ...
+        TypeError: f() got unknown keyword argument(s) ['max_new_token']. Did you mean 'max_new_tokens'?
+    """
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    valid = [n for n, p in inspect.signature(fn).parameters.items() if p.kind in kinds and n != "self"]
+    accepted = frozenset(valid)
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not accepted.issuperset(kwargs):
+            unknown = [k for k in kwargs if k not in accepted]
+            raise unknown_keywords_error(f"{fn.__name__}()", unknown, valid)
+        return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def check_device(device: str | torch.device | None) -> torch.device | None:
+    """``device`` as a `torch.device` (None stays None), or `ValueError` if it is not usable here."""
     if device is None:
         return None
     try:

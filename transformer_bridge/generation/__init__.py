@@ -1,8 +1,10 @@
 """Generation: `GenerationMixin.generate`, a KV-cached loop over the HF model with hooks that know where they are.
 
 Modules: ``sampling.py`` (pure logits → token functions), ``processors.py`` (penalties, bans, biases),
-``decode.py`` (options, prefill, decode steps, the loop, the ``return_cache`` recompute), ``beams.py``
-(beam search), ``stopping.py`` (EOS, stop strings, criteria, time), ``outputs.py`` (`GenerationOutput`).
+``options.py`` (every option validated once into a `Plan`), ``checks.py`` (argument errors that name
+the parameter), ``decode.py`` (prefill, decode steps, the loop, the ``return_cache`` recompute),
+``beams.py`` (beam search), ``stopping.py`` (EOS, stop strings, criteria, time), ``outputs.py``
+(`GenerationOutput`).
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -12,7 +14,8 @@ import torch
 from torch import Tensor
 
 from ..cache import ActivationCache
-from . import beams, decode
+from ..checks import check_bool, check_device, describe, suggest_keywords
+from . import beams, decode, options
 from .outputs import FINISH_REASONS, FinishReason, GenerationOutput
 from .sampling import sample, warp_logits
 
@@ -63,6 +66,7 @@ class GenerationMixin:
         return_cache: Literal[True], **kwargs: Any,
     ) -> tuple[GenerationOutput, ActivationCache]: ...  # fmt: skip
 
+    @suggest_keywords
     @torch.no_grad()
     def generate(
         self: "TransformerBridge",
@@ -157,6 +161,12 @@ class GenerationMixin:
             The output (see ``return_type`` / ``return_dict``), or ``(output, cache)`` with
             ``return_cache=True``.
 
+        Raises:
+            TypeError, ValueError: before any forward, for any invalid option; the message names the
+                parameter, the value and what is valid (an unknown keyword names the closest valid one).
+                Wrong types raise `ArgumentTypeError`, which is both. A ``logits_processor`` or
+                ``stopping_criteria`` entry whose output has the wrong type or shape raises at that step.
+
         Example:
             >>> text = model.generate("The capital of France is", max_new_tokens=8)
             >>> out = model.generate(tokens, max_new_tokens=8, temperature=0.7, top_p=0.9, seed=0,
@@ -166,22 +176,23 @@ class GenerationMixin:
             ...     tokens, cache = model.generate(tokens, max_new_tokens=8, return_cache=True,
             ...                                    names_filter=["blocks.3.hook_resid_post"])
         """
-        if return_type not in ("input", "str", "tokens"):
-            raise ValueError(f"`return_type` must be 'input', 'str' or 'tokens', got {return_type!r}.")
+        if not isinstance(return_type, str) or return_type not in ("input", "str", "tokens"):
+            raise ValueError(f"`return_type` must be 'input', 'str' or 'tokens', got {describe(return_type)}.")
+        check_bool("return_cache", return_cache)
+        if prepend_bos is not None:
+            check_bool("prepend_bos", prepend_bos)
         if not return_cache and (names_filter is not None or device is not None):
             raise ValueError("`names_filter` and `device` only apply with `return_cache=True`.")
         names: list[str] = []
         if return_cache:
-            from ..bridge import check_device  # bridge imports this package: import at call time
-
             device = check_device(device)
             names = self.names_matching(names_filter)
         text_in = isinstance(input, str) or (isinstance(input, (list, tuple)) and bool(input) and
                                              isinstance(input[0], str))  # fmt: skip
-        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos)
+        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos, left_padded=True)
         if return_type == "str" or (return_type == "input" and text_in):
             self._require_tokenizer()
-        p = decode.plan(
+        p = options.plan(
             self, tokens.shape[1], max_new_tokens=max_new_tokens, use_cache=use_cache, do_sample=do_sample,
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
             repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,

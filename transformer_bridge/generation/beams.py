@@ -32,8 +32,6 @@ def beam_search(
 ) -> GenerationOutput:
     """Beam search over a left-padded batch; returns ``num_return_sequences`` best beams per prompt."""
     batch, width = tokens.shape
-    if p.max_new_tokens == 0:
-        return _prompt_only(tokens, mask, p)
     nb, max_len, dev = p.num_beams, width + p.max_new_tokens, tokens.device
     keep = max(2, 1 + len(p.eos_token_ids)) * nb
     is_top = torch.arange(keep, device=dev) < nb
@@ -172,9 +170,3 @@ def _improvable(
     best_running = running_scores[:, :1] / (best_len**p.length_penalty)
     worst_finished = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True)[0], NEG)
     return improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
-
-
-def _prompt_only(tokens: Tensor, mask: Tensor, p: Plan) -> GenerationOutput:
-    n = p.num_return_sequences
-    tokens, mask = tokens.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
-    return GenerationOutput(tokens, mask, mask.sum(-1), tokens.shape[1], ["length"] * tokens.shape[0])

@@ -25,12 +25,13 @@ Example::
 """
 
 import math
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
+
+from ..checks import ArgumentTypeError, describe, is_int, is_real
 
 __all__ = [
     "BadWords",
@@ -59,9 +60,10 @@ class RepetitionPenalty:
     """
 
     def __init__(self, penalty: float):
-        if not _is_real(penalty) or not math.isfinite(penalty) or penalty <= 0:
-            raise ValueError(
-                f"`repetition_penalty` must be a finite float > 0, got {penalty!r}. "
+        if not is_real(penalty) or not math.isfinite(penalty) or penalty <= 0:
+            error = ValueError if is_real(penalty) else ArgumentTypeError
+            raise error(
+                f"`repetition_penalty` must be a finite float > 0, got {describe(penalty)}. "
                 "1.0 means no penalty, > 1 discourages repetition, < 1 encourages it."
             )
         self.penalty = float(penalty)
@@ -93,9 +95,10 @@ class FrequencyPresencePenalty:
 
     def __init__(self, frequency_penalty: float, presence_penalty: float, prompt_length: int):
         for name, value in (("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty)):
-            if not _is_real(value) or not math.isfinite(value):
-                raise ValueError(
-                    f"`{name}` must be a finite float, got {value!r}. 0 disables it; OpenAI accepts [-2, 2]."
+            if not is_real(value) or not math.isfinite(value):
+                error = ValueError if is_real(value) else ArgumentTypeError
+                raise error(
+                    f"`{name}` must be a finite float, got {describe(value)}. 0 disables it; OpenAI accepts [-2, 2]."
                 )
         _check_prompt_length(prompt_length)
         self.frequency_penalty = float(frequency_penalty)
@@ -132,9 +135,10 @@ class NoRepeatNGram:
     """
 
     def __init__(self, ngram_size: int):
-        if not _is_int(ngram_size) or ngram_size <= 0:
-            raise ValueError(
-                f"`no_repeat_ngram_size` must be an int > 0, got {ngram_size!r}. "
+        if not is_int(ngram_size) or ngram_size <= 0:
+            error = ValueError if is_int(ngram_size) else ArgumentTypeError
+            raise error(
+                f"`no_repeat_ngram_size` must be an int > 0, got {describe(ngram_size)}. "
                 "Use `no_repeat_ngram_size=0` (or None) in `build_processors` to disable it."
             )
         self.ngram_size = ngram_size
@@ -179,14 +183,15 @@ class BadWords:
 
     def __init__(self, bad_words_ids: Sequence[Sequence[int]], d_vocab: int | None = None):
         if isinstance(bad_words_ids, (str, bytes)) or not isinstance(bad_words_ids, Sequence):
-            raise ValueError(
-                f"`bad_words_ids` must be a list of token-id lists, got {bad_words_ids!r}. "
+            raise ArgumentTypeError(
+                f"`bad_words_ids` must be a list of token-id lists, got {describe(bad_words_ids)}. "
                 "Example: `bad_words_ids=[[42], [7, 9]]` bans token 42 and token 9 right after token 7."
             )
         for word in bad_words_ids:
             if isinstance(word, (str, bytes)) or not isinstance(word, Sequence) or len(word) == 0:
-                raise ValueError(
-                    f"`bad_words_ids` must be a list of non-empty token-id lists, got the entry {word!r}. "
+                is_list = isinstance(word, Sequence) and not isinstance(word, (str, bytes))
+                raise (ValueError if is_list else ArgumentTypeError)(
+                    f"`bad_words_ids` must be a list of non-empty token-id lists, got the entry {describe(word)}. "
                     "Tokenize banned words with `tokenizer(words, add_special_tokens=False).input_ids`."
                 )
             for token in word:
@@ -254,15 +259,16 @@ class LogitBias:
 
     def __init__(self, logit_bias: Mapping[int, float], d_vocab: int | None = None):
         if not isinstance(logit_bias, Mapping):
-            raise ValueError(
-                f"`logit_bias` must be a dict mapping token id to bias, got {logit_bias!r}. "
+            raise ArgumentTypeError(
+                f"`logit_bias` must be a dict mapping token id to bias, got {describe(logit_bias)}. "
                 "Example: `logit_bias={50256: -100.0}`."
             )
         for token, bias in logit_bias.items():
             _check_token_id("logit_bias", token, d_vocab)
-            if not _is_real(bias) or math.isnan(bias) or bias == math.inf:
-                raise ValueError(
-                    f"`logit_bias` values must be floats (finite or -inf), got {bias!r} for token {token}."
+            if not is_real(bias) or math.isnan(bias) or bias == math.inf:
+                error = ValueError if is_real(bias) else ArgumentTypeError
+                raise error(
+                    f"`logit_bias` values must be floats (finite or -inf), got {describe(bias)} for token {token}."
                 )
         self.logit_bias = {int(t): float(b) for t, b in logit_bias.items()}
         self._cache: dict[tuple[torch.device, torch.dtype, int], Tensor] = {}
@@ -299,8 +305,9 @@ class MinNewTokens:
     """
 
     def __init__(self, min_new_tokens: int, eos_token_id: int | Sequence[int], prompt_length: int):
-        if not _is_int(min_new_tokens) or min_new_tokens < 0:
-            raise ValueError(f"`min_new_tokens` must be an int >= 0, got {min_new_tokens!r}.")
+        if not is_int(min_new_tokens) or min_new_tokens < 0:
+            error = ValueError if is_int(min_new_tokens) else ArgumentTypeError
+            raise error(f"`min_new_tokens` must be an int >= 0, got {describe(min_new_tokens)}.")
         _check_prompt_length(prompt_length)
         self.min_new_tokens = min_new_tokens
         self.eos_token_ids = _eos_list(eos_token_id, None)
@@ -338,10 +345,11 @@ class HFProcessor:
         tensor([[0., -inf, 0.]])
     """
 
-    def __init__(self, processor: Callable[[Tensor, Tensor], Tensor]):
+    def __init__(self, processor: Callable[[Tensor, Tensor], Tensor], index: int = 0):
+        self.name = f"`logits_processor`[{index}]"
         if not callable(processor):
-            raise ValueError(
-                f"`logits_processor` entries must be callables `(input_ids, scores) -> scores`, got {processor!r}."
+            raise ArgumentTypeError(
+                f"{self.name} must be a callable `(input_ids, scores) -> scores`, got {describe(processor)}."
             )
         self.processor = processor
 
@@ -351,7 +359,20 @@ class HFProcessor:
         scores: Float[Tensor, "batch d_vocab"],
         mask: Mask | None = None,
     ) -> Float[Tensor, "batch d_vocab"]:
-        return self.processor(input_ids, scores)
+        out = self.processor(input_ids, scores)
+        # Metadata only (no device sync): a wrong answer fails here, naming the processor, not deep in torch.
+        if not isinstance(out, Tensor) or not out.is_floating_point() or out.device != scores.device:
+            raise ArgumentTypeError(
+                f"{self.name} ({_name(self.processor)}) must return the scores as a float tensor on "
+                f"{scores.device} shaped like its input {tuple(scores.shape)}, got {describe(out)}"
+                f"{'' if not isinstance(out, Tensor) else f' on {out.device}'}. Return the modified `scores`."
+            )
+        if out.shape != scores.shape:
+            raise ValueError(
+                f"{self.name} ({_name(self.processor)}) must return scores of shape {tuple(scores.shape)} "
+                f"[batch, d_vocab], got {describe(out)}. Mask tokens with -inf rather than dropping them."
+            )
+        return out
 
 
 class ProcessorList(list):
@@ -410,7 +431,7 @@ def build_processors(
         tensor([[-inf, 0., -inf]])
     """
     _check_prompt_length(prompt_length)
-    if d_vocab is not None and (not _is_int(d_vocab) or d_vocab <= 0):
+    if d_vocab is not None and (not is_int(d_vocab) or d_vocab <= 0):
         raise ValueError(f"`d_vocab` must be None or an int > 0 (the logits width), got {d_vocab!r}.")
     eos = None if eos_token_id is None else _eos_list(eos_token_id, d_vocab)
 
@@ -426,9 +447,11 @@ def build_processors(
         if penalties.frequency_penalty or penalties.presence_penalty:
             processors.append(penalties)
     if no_repeat_ngram_size is not None:
-        if not _is_int(no_repeat_ngram_size) or no_repeat_ngram_size < 0:
-            raise ValueError(
-                f"`no_repeat_ngram_size` must be None or an int >= 0, got {no_repeat_ngram_size!r} (0 disables it)."
+        if not is_int(no_repeat_ngram_size) or no_repeat_ngram_size < 0:
+            error = ValueError if is_int(no_repeat_ngram_size) else ArgumentTypeError
+            raise error(
+                f"`no_repeat_ngram_size` must be None or an int >= 0, got {describe(no_repeat_ngram_size)} "
+                "(0 disables it)."
             )
         if no_repeat_ngram_size > 0:
             processors.append(NoRepeatNGram(no_repeat_ngram_size))
@@ -440,11 +463,12 @@ def build_processors(
             processors.append(steps)
     if logits_processor is not None:
         if not isinstance(logits_processor, Sequence):
-            raise ValueError(
+            wrap = " Wrap a single processor in a list: `[processor]`." if callable(logits_processor) else ""
+            raise ArgumentTypeError(
                 f"`logits_processor` must be a list (or HF `LogitsProcessorList`) of processors, "
-                f"got {type(logits_processor).__name__}."
+                f"got {describe(logits_processor)}.{wrap}"
             )
-        processors.extend(HFProcessor(p) for p in logits_processor)
+        processors.extend(HFProcessor(p, i) for i, p in enumerate(logits_processor))
     return processors
 
 
@@ -464,31 +488,26 @@ def _token_counts(
     return counts[:, :d_vocab]
 
 
+def _name(fn: object) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
 def _check_token_id(name: str, token: object, d_vocab: int | None) -> None:
-    if not _is_int(token) or token < 0 or (d_vocab is not None and token >= d_vocab):
+    if not is_int(token) or token < 0 or (d_vocab is not None and token >= d_vocab):
         allowed = "an int >= 0" if d_vocab is None else f"an int in [0, {d_vocab})"
-        raise ValueError(f"`{name}` token ids must be {allowed}, got {token!r}.")
+        error = ValueError if is_int(token) else ArgumentTypeError
+        raise error(f"`{name}` token ids must be {allowed}, got {describe(token)}.")
 
 
 def _check_prompt_length(prompt_length: object) -> None:
-    if not _is_int(prompt_length) or prompt_length < 0:
+    if not is_int(prompt_length) or prompt_length < 0:
         raise ValueError(f"`prompt_length` must be an int >= 0 (the padded prompt width), got {prompt_length!r}.")
 
 
 def _eos_list(eos_token_id: int | Sequence[int], d_vocab: int | None) -> list[int]:
-    ids = [eos_token_id] if _is_int(eos_token_id) else eos_token_id
+    ids = [eos_token_id] if is_int(eos_token_id) else eos_token_id
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-        raise ValueError(f"`eos_token_id` must be an int or a list of ints, got {eos_token_id!r}.")
+        raise ArgumentTypeError(f"`eos_token_id` must be an int or a list of ints, got {describe(eos_token_id)}.")
     for token in ids:
         _check_token_id("eos_token_id", token, d_vocab)
     return [int(t) for t in ids]
-
-
-def _is_int(value: object) -> bool:
-    # Integral admits numpy integers (HF accepts them too); bool is excluded because `True` as a size or token
-    # id is a caller bug, not a request for 1.
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

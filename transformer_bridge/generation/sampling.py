@@ -25,10 +25,13 @@ Example::
 """
 
 import math
+from collections.abc import Callable
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+
+from ..checks import ArgumentTypeError, check_int, describe, is_real
 
 __all__ = ["greedy", "sample", "validate_sampling_args", "warp_logits"]
 
@@ -44,6 +47,8 @@ def validate_sampling_args(
 ) -> None:
     """Raise ``ValueError`` naming the first invalid sampling argument; return ``None`` when all are valid.
 
+    A wrong type raises `ArgumentTypeError` (a ``TypeError`` that is also a ``ValueError``).
+
     Call it once before the decode loop: :func:`sample` and :func:`warp_logits` trust their arguments.
 
     Valid values: ``temperature`` finite and ``>= 0`` (0 means greedy); ``top_k`` ``None`` or an int ``>= 0``
@@ -58,28 +63,27 @@ def validate_sampling_args(
         ...
         ValueError: `top_p` must be a float in (0, 1], got 0.0. ...
     """
-    if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(
-            f"`temperature` must be a finite float >= 0, got {temperature!r}. "
-            "Use `temperature=0` for greedy decoding and 1.0 to leave the logits unscaled."
-        )
-    if top_k is not None and (not _is_int(top_k) or top_k < 0):
-        raise ValueError(
-            f"`top_k` must be None or an int >= 0, got {top_k!r}. Use `top_k=None` (or 0) to disable top-k."
-        )
-    if top_p is not None and (not _is_real(top_p) or not 0 < top_p <= 1):
-        raise ValueError(
-            f"`top_p` must be a float in (0, 1], got {top_p!r}. Use `top_p=None` (or 1.0) to disable nucleus sampling."
-        )
-    if min_p is not None and (not _is_real(min_p) or not 0 <= min_p <= 1):
-        raise ValueError(
-            f"`min_p` must be a float in [0, 1], got {min_p!r}. Use `min_p=None` (or 0.0) to disable min-p."
-        )
-    if typical_p is not None and (not _is_real(typical_p) or not 0 < typical_p <= 1):
-        raise ValueError(
-            f"`typical_p` must be a float in (0, 1], got {typical_p!r}. "
-            "Use `typical_p=None` (or 1.0) to disable typical sampling."
-        )
+    _check_real("temperature", temperature, "a finite float >= 0", lambda t: math.isfinite(t) and t >= 0,
+                "Use `temperature=0` for greedy decoding and 1.0 to leave the logits unscaled.")  # fmt: skip
+    if top_k is not None:
+        check_int("top_k", top_k, minimum=0, hint="Use `top_k=None` (or 0) to disable top-k.")
+    if top_p is not None:
+        _check_real("top_p", top_p, "a float in (0, 1]", lambda p: 0 < p <= 1,
+                    "Use `top_p=None` (or 1.0) to disable nucleus sampling.")  # fmt: skip
+    if min_p is not None:
+        _check_real("min_p", min_p, "a float in [0, 1]", lambda p: 0 <= p <= 1,
+                    "Use `min_p=None` (or 0.0) to disable min-p.")  # fmt: skip
+    if typical_p is not None:
+        _check_real("typical_p", typical_p, "a float in (0, 1]", lambda p: 0 < p <= 1,
+                    "Use `typical_p=None` (or 1.0) to disable typical sampling.")  # fmt: skip
+
+
+def _check_real(name: str, value: object, allowed: str, valid: Callable[[float], bool], hint: str) -> None:
+    """`ArgumentTypeError` for a non-number, `ValueError` for a number outside ``allowed`` (NaN included)."""
+    if not is_real(value):
+        raise ArgumentTypeError(f"`{name}` must be {allowed}, got {describe(value)}. {hint}")
+    if not valid(float(value)):
+        raise ValueError(f"`{name}` must be {allowed}, got {value!r}. {hint}")
 
 
 def warp_logits(
@@ -209,12 +213,3 @@ def _typical(scores: Float[Tensor, "batch d_vocab"], mass: float) -> Float[Tenso
     sorted_remove[..., :1] = False
     remove = sorted_remove.scatter(-1, sorted_indices, sorted_remove)
     return scores.masked_fill(remove, _FILTER_VALUE)
-
-
-def _is_int(value: object) -> bool:
-    # bool is an int subclass, but `top_k=True` is a bug in the caller, not a request for k=1.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -14,6 +14,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..checks import ArgumentTypeError, describe
 from .outputs import FINISH_REASONS
 
 EOS, STOP_STRING, MAX_TIME, CRITERIA = (
@@ -69,8 +70,8 @@ class Stopping:
         """Reason code of each row for its newest token (``sequences[:, -1]``); 0 means not stopped."""
         code = torch.zeros(sequences.shape[0], dtype=torch.long, device=sequences.device)
         # Assigned lowest priority first, so EOS wins when several conditions hit at once.
-        for criterion in self.criteria:
-            code.masked_fill_(_as_rows(criterion(sequences, scores), code), CRITERIA)
+        for i, criterion in enumerate(self.criteria):
+            code.masked_fill_(_as_rows(criterion(sequences, scores), code, i, criterion), CRITERIA)
         if self.stop_strings:
             code.masked_fill_(self._stop_strings(sequences), STOP_STRING)
         if self.eos is not None:
@@ -89,8 +90,25 @@ class Stopping:
         return torch.tensor(hits, dtype=torch.bool, device=sequences.device)
 
 
-def _as_rows(result: Any, like: Tensor) -> Tensor:
-    """A criterion's answer (bool, 0-d or [batch] tensor) as a [batch] bool tensor."""
+def _as_rows(result: Any, like: Tensor, index: int, criterion: Criterion) -> Tensor:
+    """A criterion's answer (bool, or a bool tensor of shape [], [1] or [batch]) as a [batch] bool tensor.
+
+    Checked by type and shape only (no device sync), so a wrong answer fails here, naming the criterion.
+    """
     if isinstance(result, bool):
         return torch.full_like(like, result, dtype=torch.bool)
-    return torch.as_tensor(result, device=like.device).bool().expand(like.shape)
+    if not isinstance(result, Tensor) or result.dtype != torch.bool:
+        raise ArgumentTypeError(
+            f"{_label(index, criterion)} must return a bool or a bool tensor [batch] (True: stop that row), "
+            f"got {describe(result)}. Compare instead of returning numbers, e.g. `input_ids[:, -1] == stop_id`."
+        )
+    if result.shape not in ((), (1,), like.shape):
+        raise ValueError(
+            f"{_label(index, criterion)} must return one bool per row: shape [], [1] or [{like.shape[0]}] "
+            f"(batch), got {describe(result)}."
+        )
+    return result.to(like.device).expand(like.shape)
+
+
+def _label(index: int, criterion: Criterion) -> str:
+    return f"`stopping_criteria`[{index}] ({getattr(criterion, '__name__', type(criterion).__name__)})"

@@ -16,6 +16,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..cache import ActivationCache
+from ..checks import ArgumentTypeError, describe
 from .cache_access import MissingHookError
 from .methods import METHODS, explain, get_method, method_options, relevance_hooks
 from .patching import attribution_patching
@@ -51,6 +52,12 @@ class RelevanceMixin:
             >>> run = model.forward_pass("The capital of France is", max_new_tokens=8, temperature=0)
             >>> rel = run.relevance_pass(token_indices=[0, 4])
         """
+        fixed = [f"`{k}={generate_kwargs[k]!r}`" for k in ("return_cache", "return_dict") if k in generate_kwargs]
+        if fixed:
+            raise TypeError(
+                f"`forward_pass` always generates with `return_cache=True` and `return_dict=True`; got "
+                f"{', '.join(fixed)}. Drop it, or call `model.generate` for other returns."
+            )
         tokens, mask = self.prepare_input(input, attention_mask)
         output, cache = self.generate(
             tokens,
@@ -85,6 +92,8 @@ class RelevanceMixin:
 
     def _relevance_run(self: "TransformerBridge", cache_or_run: Any, tokens: Tensor | None) -> RelevanceRun:
         if isinstance(cache_or_run, RelevanceRun):
+            if tokens is not None:
+                raise ValueError("A RelevanceRun holds its own tokens; `tokens=` only goes with an ActivationCache.")
             return cache_or_run
         if isinstance(cache_or_run, tuple) and len(cache_or_run) == 2 and isinstance(cache_or_run[1], ActivationCache):
             output, cache = cache_or_run
@@ -102,6 +111,8 @@ class RelevanceMixin:
                 "An ActivationCache alone does not hold the token ids; pass `tokens=` (the generated sequences) "
                 "or the (output, cache) pair."
             )
+        if not isinstance(tokens, Tensor):
+            raise ArgumentTypeError(f"`tokens` must be the generated token ids [batch, pos], got {describe(tokens)}.")
         tokens = tokens[None] if tokens.dim() == 1 else tokens
         return RelevanceRun(self, tokens, cache_or_run.attention_mask, prompt_width(cache_or_run, tokens), cache_or_run)
 

@@ -16,6 +16,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..cache import ActivationCache
+from ..checks import check_int, describe
 from .cache_access import require
 from .result import MethodOutput
 from .targets import ExplainedToken, Target
@@ -28,6 +29,7 @@ ATTENTION_MODES = ("last", "rollout")
 
 def attention_hooks(model: "TransformerBridge", mode: str = "last") -> list[str]:
     """The hook points `attention` reads from the cache for ``mode``."""
+    _check_mode(mode)
     layers = [model.cfg.n_layers - 1] if mode == "last" else range(model.cfg.n_layers)
     return [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
 
@@ -46,8 +48,6 @@ def attention(
     Example:
         >>> out = attention(model, tokens, mask, explained, Target(), cache, mode="rollout")
     """
-    if mode not in ATTENTION_MODES:
-        raise ValueError(f"`mode`={mode!r} is not valid for method 'attention'; use one of {ATTENTION_MODES}.")
     names = attention_hooks(model, mode)
     patterns = require(cache, names, "attention", f"mode={mode!r}")
     rows = sorted({e.batch_index for e in explained})
@@ -80,11 +80,15 @@ def random(
     seed: int = 0,
 ) -> MethodOutput:
     """Seeded uniform scores on the real source positions of each explained token."""
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(f"`seed` must be an int, got {seed!r}.")
+    seed = check_int("seed", seed, minimum=0, maximum=2**64 - 1, hint="torch seeds are unsigned 64-bit.")
     g = torch.Generator().manual_seed(seed)
     scores = torch.rand(len(explained), tokens.shape[1], generator=g)
     for j, e in enumerate(explained):
         scores[j, e.position :] = 0.0
         scores[j] *= attention_mask[e.batch_index].cpu().to(scores.dtype)
     return MethodOutput(scores.to(tokens.device))
+
+
+def _check_mode(mode: object) -> None:
+    if not isinstance(mode, str) or mode not in ATTENTION_MODES:
+        raise ValueError(f"`mode`={describe(mode)} is not valid for method 'attention'; use one of {ATTENTION_MODES}.")

@@ -6,7 +6,7 @@
 - ``integrated_gradients``: ``Σ_d e_{i,d} · mean_α ∂f/∂e_{i,d}(α e)`` with a zero-embedding
   baseline (``keep_first=True``: the first token stays at its embedding) and the midpoint rule over
   ``steps`` values of α, the α batched along the batch axis
-  (``internal_batch_size`` rows at a time). Position embeddings (GPT-2, OPT) are not scaled.
+  (``internal_batch_size`` α values per forward). Position embeddings (GPT-2, OPT) are not scaled.
   Cost: ``steps`` forwards + ``steps`` backwards per round. Completeness: Σ IG ≈ f(e) − f(0); the
   gap is reported as ``conservation_error``.
 """
@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from ..checks import check_bool, check_int
 from .backprop import backprop_scores, grad_times_input
 from .lrp import relative_gap
 from .result import MethodOutput
@@ -78,18 +79,17 @@ def integrated_gradients(
 ) -> MethodOutput:
     """Integrated gradients from a zero token embedding, ``steps`` midpoint α values.
 
-    ``internal_batch_size`` bounds the rows of one forward (batch rows × α values); by default all
-    ``steps`` α values of one row go through together. ``keep_first=True`` holds each row's first
+    ``internal_batch_size`` is the number of α values per forward (each forward has batch rows ×
+    that many); by default all ``steps`` α values go through together. ``keep_first=True`` holds each row's first
     real token (the attention sink) at its own embedding along the whole path, so only the other
     tokens move from 0; the first token's score is then 0.
     """
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"`steps` must be a positive int, got {steps!r}.")
-    chunk = internal_batch_size or steps
-    if not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"`internal_batch_size` must be a positive int or None, got {internal_batch_size!r}.")
-    if not isinstance(keep_first, bool):
-        raise ValueError(f"`keep_first` must be True or False, got {keep_first!r}.")
+    steps = check_int("steps", steps, minimum=1, hint="More steps approximate the path integral better (32 default).")
+    chunk = steps
+    if internal_batch_size is not None:
+        hint = "It is how many α values go through one forward; None sends all `steps` at once."
+        chunk = check_int("internal_batch_size", internal_batch_size, minimum=1, hint=hint)
+    check_bool("keep_first", keep_first)
     # moving[b, p]: 1 where the embedding follows the path α·e, 0 where it stays e (kept first token).
     moving = torch.ones(tokens.shape, dtype=torch.float32, device=tokens.device)
     if keep_first:

@@ -1,6 +1,5 @@
 """The method registry and `explain`, the one entry point every API path goes through."""
 
-import difflib
 import inspect
 import time
 from collections.abc import Callable, Sequence
@@ -12,6 +11,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..cache import ActivationCache
+from ..checks import ArgumentIndexError, ArgumentTypeError, describe, did_you_mean
 from . import baselines, dla, gradients, logit_lens, lrp, patching
 from .result import MethodOutput, Relevance
 from .targets import ExplainedToken, parse_target
@@ -47,10 +47,13 @@ METHODS: dict[str, Method] = {
 
 def get_method(name: Any) -> Method:
     """The registered method ``name``; `ValueError` listing the valid names (and the closest) otherwise."""
-    if isinstance(name, str) and name in METHODS:
+    if not isinstance(name, str):
+        raise ArgumentTypeError(
+            f"`method` must be a method name (str), got {describe(name)}. Valid: {', '.join(METHODS)}."
+        )
+    if name in METHODS:
         return METHODS[name]
-    close = difflib.get_close_matches(str(name), list(METHODS), n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = did_you_mean(name, METHODS)
     raise ValueError(f"`method`={name!r} does not exist.{hint} Valid methods: {', '.join(METHODS)}.")
 
 
@@ -63,6 +66,7 @@ def relevance_hooks(model: "TransformerBridge", method: str, **method_kwargs: An
         >>> run = model.forward_pass("Hi", max_new_tokens=4, names_filter=relevance_hooks(model, "dla"))
     """
     spec = get_method(method)
+    _check_options(method, method_kwargs)
     if spec.reads is None:
         return []
     accepted = set(inspect.signature(spec.reads).parameters) - {"model"}
@@ -94,12 +98,10 @@ def explain(
         >>> rel[0].top(3)
     """
     spec = get_method(method)
-    options = method_options(method)
-    unknown = [k for k in method_kwargs if k not in options]
-    if unknown:
-        raise TypeError(f"Method {method!r} got unknown option(s) {unknown}; it accepts {options or 'no options'}.")
+    _check_options(method, method_kwargs)
     if not explained:
         raise ValueError("Nothing to explain: the list of tokens to explain is empty.")
+    _check_explained(explained, tokens)
     spec_target = parse_target(target, model)
     tokens = tokens.to(model.device)
     mask = torch.ones_like(tokens) if attention_mask is None else attention_mask.to(model.device).long()
@@ -122,6 +124,34 @@ def explain(
         extras=out.extras,
         seconds=seconds,
     )
+
+
+def _check_options(method: str, method_kwargs: dict[str, Any]) -> None:
+    options = method_options(method)
+    unknown = [k for k in method_kwargs if k not in options]
+    if unknown:
+        names = ", ".join(f"`{k}`" for k in unknown)
+        accepts = f"It accepts {options}." if options else "It accepts no options."
+        raise TypeError(
+            f"Method {method!r} got unknown option(s) {names}.{did_you_mean(unknown[0], options)} {accepts}"
+        )
+
+
+def _check_explained(explained: Sequence[ExplainedToken], tokens: Tensor) -> None:
+    """Each entry an `ExplainedToken` whose row and position exist (position 0 has no logits before it)."""
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2:
+        raise ArgumentTypeError(f"`tokens` must be a tensor of token ids [batch, pos], got {describe(tokens)}.")
+    batch, width = tokens.shape
+    for e in explained:
+        if not isinstance(e, ExplainedToken):
+            raise ArgumentTypeError(
+                f"`explained` must hold ExplainedToken entries (see `explained_from_positions`), got {describe(e)}."
+            )
+        if not (0 <= e.batch_index < batch and 1 <= e.position < width):
+            raise ArgumentIndexError(
+                f"`explained` has {e}, outside the tokens [batch {batch}, pos {width}]: rows 0..{batch - 1}, "
+                f"positions 1..{width - 1}."
+            )
 
 
 def _str_tokens(model: "TransformerBridge", tokens: Tensor) -> list[list[str]]:

@@ -9,6 +9,7 @@ As a relevance method the metric is the target of each explained token and ``cor
 forward, one backward per round.
 """
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..cache import ActivationCache
+from ..checks import ArgumentTypeError, describe
 from ..hook_points import HookPoint
 from .backprop import rounds
 from .result import MethodOutput
@@ -47,8 +49,46 @@ def attribution_patching(
         >>> metric = lambda logits: logits[0, -1, paris] - logits[0, -1, rome]
         >>> scores = attribution_patching(model, clean, corrupted, metric)
     """
-    scores = _patching(model, clean_tokens, corrupted_tokens, [metric], names, attention_mask, clean_cache)
+    clean = check_tokens(model, "clean_tokens", clean_tokens)
+    corrupted = check_tokens(model, "corrupted_tokens", corrupted_tokens, like=clean)
+    if not callable(metric):
+        raise ArgumentTypeError(
+            f"`metric` must be a function `metric(logits) -> scalar tensor`, got {describe(metric)}."
+        )
+    if clean_cache is not None and not isinstance(clean_cache, ActivationCache):
+        raise ArgumentTypeError(f"`clean_cache` must be an ActivationCache or None, got {describe(clean_cache)}.")
+    _, mask = model.prepare_input(clean, attention_mask)
+    scores = _patching(model, clean, corrupted, [metric], names, mask, clean_cache)
     return {name: s[0] for name, s in scores.items()}
+
+
+def check_tokens(model: "TransformerBridge", name: str, tokens: object, like: Tensor | None = None) -> Tensor:
+    """``tokens`` (a tensor or nested lists) as a ``[batch, pos]`` tensor of ids in the vocabulary, shaped like
+    ``like``, or an error naming ``name``. One device sync (the id range)."""
+    given = tokens
+    if isinstance(tokens, (list, tuple)):
+        with contextlib.suppress(TypeError, ValueError, RuntimeError):  # ragged or not numbers: reported below
+            tokens = torch.as_tensor(tokens)
+    if not isinstance(tokens, Tensor):
+        raise ArgumentTypeError(
+            f"`{name}` must be a tensor of token ids [batch, pos], got {describe(given)}. Use `model.to_tokens(text)`."
+        )
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise ArgumentTypeError(
+            f"`{name}` must hold integer token ids, got {describe(tokens)}. Use `model.to_tokens(text)`, or `.long()` "
+            "if they are ids stored as floats."
+        )
+    tokens = tokens[None] if tokens.dim() == 1 else tokens
+    want = "[batch, pos]" if like is None else f"{tuple(like.shape)}, the clean tokens' (so activations line up)"
+    if tokens.dim() != 2 or 0 in tokens.shape or (like is not None and tokens.shape != like.shape):
+        raise ValueError(f"`{name}` must have shape {want}, got {describe(tokens)}.")
+    low, high = torch.stack(torch.aminmax(tokens)).tolist()
+    d_vocab = model.cfg.d_vocab
+    if low < 0 or high >= d_vocab:
+        raise ValueError(
+            f"`{name}` holds token id {low if low < 0 else high}, outside the vocabulary [0, {d_vocab - 1}]."
+        )
+    return tokens.to(model.device).long()
 
 
 def _patching(
@@ -61,16 +101,9 @@ def _patching(
     clean_cache: ActivationCache | None,
 ) -> dict[str, Tensor]:
     """``{name: [len(metrics), batch, pos]}``; each metric backpropagates once on the corrupted run."""
-    names = list(names) if names is not None else default_patching_hooks(model)
+    names = hook_names(model, names)
     if mask is None:
         mask = torch.ones_like(clean)
-    if corrupted.shape != clean.shape:
-        raise ValueError(
-            f"`corrupted_tokens` shape {tuple(corrupted.shape)} must equal the clean tokens' shape "
-            f"{tuple(clean.shape)} (same positions, so activations line up)."
-        )
-    for name in names:
-        model.resolve(name)  # unknown names fail here, with suggestions
     if clean_cache is not None and all(n in clean_cache for n in names):
         clean_acts = {n: clean_cache[n].to(model.device) for n in names}
     else:
@@ -90,8 +123,9 @@ def _patching(
     order = list(corrupt_acts)
     out = {n: torch.zeros(len(metrics), *clean.shape) for n in names}
     for j, metric in enumerate(metrics):
+        value = _scalar(metric(logits))
         grads = torch.autograd.grad(
-            metric(logits), [corrupt_acts[n] for n in order], retain_graph=j < len(metrics) - 1, allow_unused=True
+            value, [corrupt_acts[n] for n in order], retain_graph=j < len(metrics) - 1, allow_unused=True
         )
         for name, grad in zip(order, grads, strict=True):
             if grad is None:
@@ -99,6 +133,40 @@ def _patching(
             delta = (clean_acts[name].to(grad.device) - corrupt_acts[name].detach()) * grad
             out[name][j] = _per_position(name, delta).float().cpu()
     return out
+
+
+def hook_names(model: "TransformerBridge", names: object) -> list[str]:
+    """Canonical hook names in the order given (a shorthand expands to every layer); unknown names fail with
+    suggestions. ``None``: `default_patching_hooks`."""
+    if names is None:
+        return default_patching_hooks(model)
+    items = [names] if isinstance(names, (str, tuple)) else names
+    allowed = "a hook name or a non-empty list of them (or None for every `hook_resid_pre`)"
+    if not isinstance(items, Sequence):
+        raise ArgumentTypeError(f"`names` must be {allowed}, got {describe(names)}.")
+    if not items:
+        raise ValueError(f"`names` must be {allowed}, got an empty list.")
+    out: list[str] = []
+    for item in items:
+        out += [n for n in model.names_matching(item, param="names") if n not in out]
+    return out
+
+
+def _scalar(value: object) -> Tensor:
+    """The metric's value, which must be one differentiable float (checks without a device sync)."""
+    if not isinstance(value, Tensor) or not value.is_floating_point():
+        raise ArgumentTypeError(
+            f"`metric` must return a float tensor computed from the logits, got {describe(value)}. "
+            "Example: `lambda logits: logits[0, -1, paris] - logits[0, -1, rome]`."
+        )
+    if value.numel() != 1:
+        raise ValueError(
+            f"`metric` must return a scalar (one value), got {describe(value)}; reduce it, e.g. with `.sum()` or "
+            "`.mean()`, or index one position and token."
+        )
+    if not value.requires_grad:
+        raise ValueError("`metric`'s result does not depend on the logits (it has no gradient); compute it from them.")
+    return value.reshape(())
 
 
 def _per_position(name: str, t: Tensor) -> Tensor:
@@ -123,9 +191,8 @@ def attribution_patching_method(
             "Method 'attribution_patching' needs `corrupted_tokens`: a [batch, pos] tensor like the sequences "
             "with the prompt corrupted (e.g. a different subject), passed as relevance_pass(..., corrupted_tokens=...)."
         )
-    corrupted = torch.as_tensor(corrupted_tokens, device=tokens.device)
-    corrupted = corrupted[None] if corrupted.dim() == 1 else corrupted
-    names = list(names) if names is not None else default_patching_hooks(model)
+    corrupted = check_tokens(model, "corrupted_tokens", corrupted_tokens, like=tokens)
+    names = hook_names(model, names)
     # One metric per round: the targets of one round sit in different rows, so their sum separates.
     groups = rounds(explained)
 

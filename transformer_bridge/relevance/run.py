@@ -8,6 +8,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..cache import ActivationCache
+from ..checks import ArgumentIndexError, ArgumentTypeError, check_int, describe, is_int
 from .methods import explain
 from .result import Relevance
 from .targets import ExplainedToken
@@ -44,17 +45,28 @@ class RelevanceRun:
         cache: ActivationCache | None = None,
         output: Any = None,
     ) -> None:
+        if not isinstance(sequences, Tensor) or sequences.is_floating_point() or sequences.is_complex():
+            raise ArgumentTypeError(
+                f"`sequences` must be a tensor of token ids [batch, pos], got {describe(sequences)}."
+            )
         sequences = sequences[None] if sequences.dim() == 1 else sequences
+        if sequences.dim() != 2 or 0 in sequences.shape:
+            raise ValueError(f"`sequences` must have shape [batch, pos] (both >= 1), got {describe(sequences)}.")
         if attention_mask is None:
             attention_mask = torch.ones_like(sequences)
+        if not isinstance(attention_mask, Tensor):
+            raise ArgumentTypeError(
+                f"`attention_mask` must be a tensor [batch, pos] or None, got {describe(attention_mask)}."
+            )
         attention_mask = attention_mask[None] if attention_mask.dim() == 1 else attention_mask
         if attention_mask.shape != sequences.shape:
             raise ValueError(
                 f"`attention_mask` shape {tuple(attention_mask.shape)} must equal `sequences` shape "
                 f"{tuple(sequences.shape)}."
             )
-        if not 1 <= prompt_width <= sequences.shape[1]:
-            raise ValueError(f"`prompt_width`={prompt_width} must be in 1..{sequences.shape[1]} (the sequence width).")
+        width = sequences.shape[1]
+        hint = f"It is the column where generation starts; the sequences are {width} wide."
+        prompt_width = check_int("prompt_width", prompt_width, minimum=1, maximum=width, hint=hint)
         self.model: TransformerBridge | None = model
         self._sequences: Tensor | None = sequences
         self._mask: Tensor | None = attention_mask.long()
@@ -112,17 +124,7 @@ class RelevanceRun:
         n = self.n_generated
         if n == 0:
             raise ValueError("This run generated no tokens, so there is nothing to explain.")
-        if token_indices is None:
-            steps = list(range(n))
-        else:
-            steps = [token_indices] if isinstance(token_indices, int) else list(token_indices)
-            bad = [s for s in steps if not isinstance(s, int) or isinstance(s, bool) or not -n <= s < n]
-            if bad or not steps:
-                raise ValueError(
-                    f"`token_indices` must be step indices of generated tokens in 0..{n - 1} (or -{n}..-1), got "
-                    f"{bad if bad else token_indices!r}; this run generated {n} token(s) per row."
-                )
-            steps = [s % n for s in steps]
+        steps = list(range(n)) if token_indices is None else [s % n for s in _steps(token_indices, n)]
         out = []
         for b in range(seqs.shape[0]):
             for s in steps:
@@ -153,3 +155,21 @@ class RelevanceRun:
         model, seqs, mask = self._alive()
         explained = self.explained_tokens(token_indices)
         return explain(model, seqs, mask, explained, method, target, self._cache, **method_kwargs)
+
+
+def _steps(token_indices: object, n: int) -> list[int]:
+    """``token_indices`` as a list of ints in ``[-n, n)``; numpy and tensor integers are accepted."""
+    valid = f"step indices of generated tokens in 0..{n - 1} (or -{n}..-1); this run generated {n} token(s) per row"
+    # Tensors and numpy arrays become lists (of floats for float dtypes, which are then rejected).
+    steps = token_indices.tolist() if hasattr(token_indices, "tolist") else token_indices
+    steps = [steps] if is_int(steps) else steps
+    if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence) or not all(is_int(s) for s in steps):
+        raise ArgumentTypeError(
+            f"`token_indices` must be an int or a list of ints ({valid}), got {describe(token_indices)}."
+        )
+    if not steps:
+        raise ValueError(f"`token_indices` is empty; give {valid}, or None for all.")
+    bad = [s for s in steps if not -n <= s < n]
+    if bad:
+        raise ArgumentIndexError(f"`token_indices` must be {valid}; got {bad} out of range.")
+    return [int(s) for s in steps]

@@ -13,6 +13,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..checks import ArgumentIndexError, ArgumentTypeError, describe, is_int
+
 if TYPE_CHECKING:
     from ..bridge import TransformerBridge
 
@@ -64,7 +66,7 @@ class Target:
     ) -> Float[Tensor, "*rows"]:
         token = torch.as_tensor(token, device=logits.device)
         if self.fn is not None:
-            return self.fn(logits, token.expand(logits.shape[:-1]))
+            return _checked(self.fn, self.fn(logits, token.expand(logits.shape[:-1])), logits)
         picked = logits.gather(-1, token.expand(logits.shape[:-1])[..., None])[..., 0]
         if self.kind == "logit":
             return picked
@@ -96,12 +98,12 @@ def parse_target(target: Any, model: "TransformerBridge") -> Target:
         contrast = target[1]
         if isinstance(contrast, str):
             contrast = model.to_single_token(contrast)
-        if not isinstance(contrast, int) or isinstance(contrast, bool):
-            raise ValueError(
-                f"`target`=('logit_diff', {target[1]!r}): the contrast must be a token id (int) or a string "
+        if not is_int(contrast):
+            raise ArgumentTypeError(
+                f"`target`=('logit_diff', {describe(target[1])}): the contrast must be a token id (int) or a string "
                 "that is exactly one token."
             )
-        spec = Target("logit_diff", contrast)
+        spec = Target("logit_diff", int(contrast))
     else:
         raise ValueError(
             f"`target`={target!r} is not valid; use 'logit' (default), 'logprob', ('logit_diff', contrast_token) "
@@ -110,7 +112,7 @@ def parse_target(target: Any, model: "TransformerBridge") -> Target:
     if spec.kind not in TARGET_KINDS:
         raise ValueError(f"`target` kind {spec.kind!r} is not one of {TARGET_KINDS}.")
     if spec.contrast is not None and not 0 <= spec.contrast < model.cfg.d_vocab:
-        raise ValueError(
+        raise ArgumentIndexError(
             f"`target` contrast token {spec.contrast} is outside the vocabulary [0, {model.cfg.d_vocab - 1}]."
         )
     return spec
@@ -129,11 +131,16 @@ def explained_from_positions(
     """
     batch, width = tokens.shape
     out = []
-    for b, p in positions:
+    for pair in positions:
+        if not (isinstance(pair, Sequence) and len(pair) == 2 and is_int(pair[0]) and is_int(pair[1])):
+            raise ArgumentTypeError(
+                f"`positions` must hold (batch_index, position) pairs of ints, got {describe(pair)}."
+            )
+        b, p = int(pair[0]), int(pair[1])
         if not 0 <= b < batch:
-            raise ValueError(f"`positions` has batch index {b}; valid batch indices are 0..{batch - 1}.")
+            raise ArgumentIndexError(f"`positions` has batch index {b}; valid batch indices are 0..{batch - 1}.")
         if not 1 <= p < width:
-            raise ValueError(
+            raise ArgumentIndexError(
                 f"`positions` has position {p}; valid positions are 1..{width - 1} (position 0 has no logits "
                 "before it)."
             )
@@ -144,3 +151,20 @@ def explained_from_positions(
             )
         out.append(ExplainedToken(b, p, int(tokens[b, p])))
     return out
+
+
+def _checked(fn: Callable, value: object, logits: Tensor) -> Tensor:
+    """A custom target's value, which must be one float per row of ``logits`` (shape and dtype checks only)."""
+    rows = logits.shape[:-1]
+    if not isinstance(value, Tensor) or not value.is_floating_point():
+        raise ArgumentTypeError(
+            f"`target` function {getattr(fn, '__name__', type(fn).__name__)} must return a float tensor (one value "
+            f"per row, shape {tuple(rows)}) computed from the logits, got {describe(value)}."
+        )
+    if value.shape != rows:
+        raise ValueError(
+            f"`target` function {getattr(fn, '__name__', type(fn).__name__)} must return one value per row: shape "
+            f"{tuple(rows)} for logits {tuple(logits.shape)}, got {describe(value)}. Index the last axis (the "
+            "vocabulary), e.g. `lambda logits, token: logits[..., 42] - logits[..., 7]`."
+        )
+    return value

@@ -1,0 +1,336 @@
+"""`plan`: every option of one `generate` call, validated and resolved once into a `Plan`.
+
+Everything a user can get wrong is rejected here, before any forward runs, with an error that
+names the parameter, the value received and what is valid (see `checks`). The decode loop then
+trusts the `Plan`; only the outputs of the user's own processors and stopping criteria are checked
+per step (`processors.HFProcessor`, `stopping.Stopping`), by shape and dtype, without a device sync.
+"""
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from ..checks import ArgumentTypeError, check_bool, check_int, describe, is_int, is_real
+from .processors import ProcessorList, build_processors
+from .sampling import validate_sampling_args
+from .stopping import Stopping
+
+if TYPE_CHECKING:
+    from ..bridge import TransformerBridge
+
+SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "typical_p")
+HF_DEFAULT_TOP_K = 50  # HF's GenerationConfig applies top-k 50 when sampling unless told otherwise.
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes a uint64
+
+
+@dataclass
+class Plan:
+    """Every option of one `generate` call, validated and resolved before the loop."""
+
+    max_new_tokens: int
+    greedy: bool
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    min_p: float | None
+    typical_p: float | None
+    generator: torch.Generator | None
+    processors: ProcessorList
+    stopping: Stopping
+    pad_token_id: int
+    eos_token_ids: list[int]
+    use_cache: bool
+    num_beams: int
+    num_return_sequences: int
+    length_penalty: float
+    early_stopping: bool | str
+    record: bool
+    top_logprobs: int
+    output_logits: bool
+    streamer: Any
+    verbose: bool
+
+
+def plan(
+    model: "TransformerBridge",
+    prompt_width: int,
+    *,
+    max_new_tokens: int,
+    use_cache: bool,
+    do_sample: bool | None,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    min_p: float | None,
+    typical_p: float | None,
+    repetition_penalty: float | None,
+    frequency_penalty: float | None,
+    presence_penalty: float | None,
+    no_repeat_ngram_size: int | None,
+    bad_words_ids: Sequence[Sequence[int]] | None,
+    logit_bias: Mapping[int, float] | None,
+    min_new_tokens: int | None,
+    eos_token_id: int | Sequence[int] | None,
+    stop_at_eos: bool,
+    pad_token_id: int | None,
+    stop_strings: str | Sequence[str] | None,
+    max_time: float | None,
+    stopping_criteria: Sequence[Callable] | None,
+    logits_processor: Sequence[Callable] | None,
+    num_return_sequences: int,
+    num_beams: int,
+    length_penalty: float,
+    early_stopping: bool | str,
+    seed: int | None,
+    generator: torch.Generator | None,
+    streamer: Any,
+    verbose: bool,
+    return_dict: bool,
+    top_logprobs: int,
+    output_logits: bool,
+) -> Plan:
+    """Validate and resolve `generate`'s options; raises naming the parameter (see the module docstring).
+
+    Every option is required here: the defaults live in `generate`'s signature only.
+    """
+    start = time.perf_counter()
+    d_vocab = model.cfg.d_vocab
+    for name, flag in [("use_cache", use_cache), ("stop_at_eos", stop_at_eos), ("verbose", verbose),
+                       ("return_dict", return_dict), ("output_logits", output_logits)]:  # fmt: skip
+        check_bool(name, flag)
+    max_new_tokens = _max_new_tokens(max_new_tokens, prompt_width, model.cfg.n_ctx)
+    greedy, sampling = _sampling(do_sample, temperature, top_k, top_p, min_p, typical_p)
+    num_beams = check_int("num_beams", num_beams, minimum=1)
+    num_return_sequences = _num_return_sequences(num_return_sequences, num_beams, greedy)
+    if not is_real(length_penalty) or not math.isfinite(length_penalty):
+        error = ValueError if is_real(length_penalty) else ArgumentTypeError
+        raise error(f"`length_penalty` must be a finite float, got {describe(length_penalty)}. 1.0 is neutral.")
+    if not (isinstance(early_stopping, bool) or early_stopping == "never"):
+        raise ValueError(f"`early_stopping` must be True, False or 'never', got {describe(early_stopping)}.")
+    top_logprobs = check_int("top_logprobs", top_logprobs, minimum=0, maximum=d_vocab, hint="0 records none.")
+    if (top_logprobs or output_logits) and not return_dict:
+        raise ValueError("`top_logprobs` and `output_logits` are `GenerationOutput` records: add `return_dict=True`.")
+    _check_streamer(streamer)
+    if num_beams > 1 and (top_logprobs or output_logits or streamer is not None):
+        raise ValueError(
+            "Beam search records `logprobs` and `sequences_scores` only: `top_logprobs`, `output_logits` and "
+            "`streamer` need `num_beams=1`."
+        )
+
+    eos = _eos_ids(model, eos_token_id)
+    eos = eos if stop_at_eos else []
+    pad = _token("pad_token_id", model.pad_token_id if pad_token_id is None else pad_token_id, d_vocab)
+    stopping = Stopping(
+        eos,
+        prompt_width,
+        _stop_strings(stop_strings, model.tokenizer),
+        model.tokenizer,
+        _criteria(stopping_criteria),
+        _max_time(max_time),
+        start,
+    )
+    processors = build_processors(
+        prompt_length=prompt_width,
+        d_vocab=d_vocab,
+        eos_token_id=eos or None,
+        logit_bias=logit_bias,
+        repetition_penalty=repetition_penalty,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size,
+        bad_words_ids=bad_words_ids,
+        min_new_tokens=min_new_tokens,
+        logits_processor=logits_processor,
+    )
+    return Plan(
+        max_new_tokens=max_new_tokens,
+        greedy=greedy,
+        **sampling,
+        generator=_generator(seed, generator, model.device),
+        processors=processors,
+        stopping=stopping,
+        pad_token_id=pad,
+        eos_token_ids=eos,
+        use_cache=use_cache,
+        num_beams=num_beams,
+        num_return_sequences=num_return_sequences,
+        length_penalty=float(length_penalty),
+        early_stopping=early_stopping,
+        record=return_dict,
+        top_logprobs=top_logprobs,
+        output_logits=output_logits,
+        streamer=streamer,
+        verbose=verbose,
+    )
+
+
+def _max_new_tokens(max_new_tokens: object, prompt_width: int, n_ctx: int | None) -> int:
+    max_new_tokens = check_int(
+        "max_new_tokens", max_new_tokens, minimum=1, hint="To score a prompt without generating, call `model(tokens)`."
+    )
+    if n_ctx is not None and prompt_width + max_new_tokens > n_ctx:
+        raise ValueError(
+            f"`max_new_tokens`={max_new_tokens} with a prompt of {prompt_width} tokens needs "
+            f"{prompt_width + max_new_tokens} positions; the model's context is {n_ctx}. Use "
+            f"`max_new_tokens` <= {max(n_ctx - prompt_width, 0)} or a shorter prompt."
+        )
+    return max_new_tokens
+
+
+def _sampling(
+    do_sample: bool | None,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    min_p: float | None,
+    typical_p: float | None,
+) -> tuple[bool, dict[str, Any]]:
+    """Whether decoding is greedy, and the warpers' values (HF's defaults filled in)."""
+    if do_sample is not None:
+        check_bool("do_sample", do_sample)
+    values = (temperature, top_k, top_p, min_p, typical_p)
+    given = {k: v for k, v in zip(SAMPLING_ARGS, values, strict=True) if v is not None}
+    if do_sample is None:
+        do_sample = bool(given)
+    elif not do_sample and given:
+        warnings.warn(
+            f"`do_sample=False` decodes greedily, so {sorted(given)} have no effect. Drop `do_sample` (it then "
+            "follows from the sampling arguments) or pass `do_sample=True`.",
+            stacklevel=6,  # _sampling ← plan ← generate ← torch.no_grad's wrapper ← suggest_keywords ← the caller
+        )
+    temperature = 1.0 if temperature is None else temperature
+    if do_sample and top_k is None:
+        top_k = HF_DEFAULT_TOP_K
+    validate_sampling_args(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p)
+    warpers = dict(
+        temperature=float(temperature),
+        top_k=None if top_k is None else int(top_k),
+        top_p=None if top_p is None else float(top_p),
+        min_p=None if min_p is None else float(min_p),
+        typical_p=None if typical_p is None else float(typical_p),
+    )
+    return not do_sample or temperature == 0, warpers
+
+
+def _num_return_sequences(n: object, num_beams: int, greedy: bool) -> int:
+    n = check_int("num_return_sequences", n, minimum=1)
+    if num_beams > 1 and n > num_beams:
+        raise ValueError(
+            f"`num_return_sequences`={n} must be in [1, `num_beams`={num_beams}]: beam search "
+            "returns the best beams. Raise `num_beams` or lower `num_return_sequences`."
+        )
+    if num_beams == 1 and greedy and n > 1:
+        raise ValueError(
+            f"`num_return_sequences`={n} with greedy decoding would give {n} identical rows. Sample "
+            "(`do_sample=True` or a sampling argument such as `temperature`), or use beam search "
+            f"(`num_beams` >= {n})."
+        )
+    return n
+
+
+def _check_streamer(streamer: Any) -> None:
+    if streamer is None:
+        return
+    missing = [m for m in ("put", "end") if not callable(getattr(streamer, m, None))]
+    if missing:
+        raise ArgumentTypeError(
+            f"`streamer` must have `put(token_ids)` and `end()` methods (e.g. transformers' `TextStreamer`); "
+            f"got {describe(streamer)}, which lacks {missing}."
+        )
+
+
+def _max_time(max_time: object) -> float | None:
+    if max_time is None:
+        return None
+    if not is_real(max_time) or not max_time > 0:  # `not >` also rejects NaN
+        error = ValueError if is_real(max_time) else ArgumentTypeError
+        raise error(f"`max_time` must be None or a number of seconds > 0, got {describe(max_time)}.")
+    return float(max_time)
+
+
+def _stop_strings(stop_strings: object, tokenizer: Any) -> list[str]:
+    if stop_strings is None:
+        return []
+    strings = [stop_strings] if isinstance(stop_strings, str) else stop_strings
+    if not isinstance(strings, Sequence) or not all(isinstance(s, str) for s in strings):
+        raise ArgumentTypeError(
+            f"`stop_strings` must be a str or a list of str, got {describe(stop_strings)}. "
+            "Example: `stop_strings=['\\n\\n', 'User:']`."
+        )
+    if not all(strings):
+        raise ValueError(f"`stop_strings` must be non-empty strings, got {list(strings)!r}.")
+    if strings and tokenizer is None:
+        raise ValueError("`stop_strings` need the bridge's tokenizer to decode the output, and this bridge has none.")
+    return list(strings)
+
+
+def _criteria(stopping_criteria: object) -> list[Callable]:
+    if stopping_criteria is None:
+        return []
+    if not isinstance(stopping_criteria, Sequence):
+        wrap = " Wrap a single criterion in a list: `[criterion]`." if callable(stopping_criteria) else ""
+        raise ArgumentTypeError(
+            f"`stopping_criteria` must be a list of callables `(input_ids, scores) -> bool tensor [batch]`, got "
+            f"{describe(stopping_criteria)}.{wrap}"
+        )
+    for i, c in enumerate(stopping_criteria):
+        if not callable(c):
+            raise ArgumentTypeError(
+                f"`stopping_criteria`[{i}] must be a callable `(input_ids, scores) -> bool tensor [batch]`, "
+                f"got {describe(c)}."
+            )
+    return list(stopping_criteria)
+
+
+def _generator(seed: object, generator: object, device: torch.device) -> torch.Generator | None:
+    if seed is not None and generator is not None:
+        raise ValueError("Pass either `seed` or `generator`, not both.")
+    if seed is not None:
+        seed = check_int("seed", seed, minimum=0, maximum=MAX_SEED, hint="torch seeds are unsigned 64-bit.")
+        return torch.Generator(device=device).manual_seed(seed)
+    if generator is None:
+        return None
+    if not isinstance(generator, torch.Generator):
+        raise ArgumentTypeError(f"`generator` must be a torch.Generator, got {describe(generator)}.")
+    if generator.device.type != device.type:
+        raise ValueError(
+            f"`generator` lives on {generator.device} but the model on {device}; create it there: "
+            f"`torch.Generator(device={str(device)!r})`, or pass `seed=`."
+        )
+    return generator
+
+
+def _eos_ids(model: "TransformerBridge", eos_token_id: int | Sequence[int] | Tensor | None) -> list[int]:
+    d_vocab = model.cfg.d_vocab
+    if isinstance(eos_token_id, Tensor):
+        eos_token_id = eos_token_id.tolist()
+    if eos_token_id is not None:
+        if not is_int(eos_token_id) and (isinstance(eos_token_id, str) or not isinstance(eos_token_id, Sequence)):
+            raise ArgumentTypeError(
+                f"`eos_token_id` must be a token id or a list of them, got {describe(eos_token_id)}. "
+                "For a string, use `model.to_single_token(text)`."
+            )
+        ids = [eos_token_id] if is_int(eos_token_id) else list(eos_token_id)
+        return [_token("eos_token_id", t, d_vocab) for t in ids]
+    # The model's own choice, as HF's generate makes it; ids past the vocabulary (a tiny test config
+    # keeping GPT-2's 50256) can never be produced, so they are dropped rather than rejected.
+    for source in (
+        getattr(getattr(model.hf_model, "generation_config", None), "eos_token_id", None),
+        getattr(model.hf_model.config, "eos_token_id", None),
+        getattr(model.tokenizer, "eos_token_id", None),
+    ):
+        if source is not None:
+            ids = [source] if is_int(source) else list(source)
+            return [int(t) for t in ids if is_int(t) and 0 <= t < d_vocab]
+    return []
+
+
+def _token(name: str, token: object, d_vocab: int) -> int:
+    hint = f"Token ids index the vocabulary (d_vocab={d_vocab})."
+    return check_int(name, token, minimum=0, maximum=d_vocab - 1, hint=hint)
