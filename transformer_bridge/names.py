@@ -39,14 +39,15 @@ _BLOCK_NAME = re.compile(r"blocks\.(-?\d+)\.(.+)")
 class UnknownHookError(KeyError):
     """A name that is not a hook point of this model; the message lists the closest valid names."""
 
-    def __init__(self, name: str, valid: Iterable[str]) -> None:
+    def __init__(self, name: str, valid: Iterable[str], param: str | None = None) -> None:
         valid = list(valid)
         close = difflib.get_close_matches(name, valid, n=5, cutoff=0.5)
         hint = f" Closest valid names: {close}." if close else ""
         example = valid[0] if valid else "?"
+        where = f" (in `{param}`)" if param else ""
         super().__init__(
-            f"Unknown hook point {name!r}.{hint} Valid names look like {example!r}; see `model.hook_dict` "
-            "for all of them."
+            f"Unknown hook point {name!r}{where}.{hint} Valid names look like {example!r}; see "
+            "`model.hook_dict` for all of them."
         )
         self.name = name
         self.suggestions = close
@@ -136,9 +137,9 @@ class HookNames:
                 f"`{param}` must be a hook name (str) or a key tuple like ('resid_post', 0), got "
                 f"{type(key).__name__} {key!r}."
             )
-        return self.check(name)
+        return self.check(name, param)
 
-    def check(self, name: str) -> str:
+    def check(self, name: str, param: str | None = None) -> str:
         """``name`` itself if it is a hook point; otherwise the most specific error."""
         if name in self.valid_set:
             return name
@@ -147,7 +148,7 @@ class HookNames:
             self._check_layer(int(match.group(1)), name)
         if name in _SHORT:
             raise KeyError(f"Shorthand {name!r} needs a layer index here, e.g. ({name!r}, 0).")
-        raise UnknownHookError(name, self.valid)
+        raise UnknownHookError(name, self.valid, param)
 
     def _check_layer(self, layer: int, key: Any) -> None:
         if not -self.n_layers <= layer < self.n_layers:
