@@ -3,6 +3,7 @@
 from .adapters import SUPPORTED_MODEL_TYPES, UnsupportedArchitectureError
 from .bridge import BridgeConfig, TransformerBridge
 from .cache import ActivationCache, CacheFileError, get_act_name
+from .core import BridgeCore
 from .generation import GenerationOutput, sample
 from .hook_points import HookContext, HookHandle, HookPoint
 from .names import LayerOutOfRangeError, NotCachedError, UnknownHookError
@@ -12,6 +13,7 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "ActivationCache",
     "BridgeConfig",
+    "BridgeCore",
     "CacheFileError",
     "GenerationOutput",
     "HookContext",

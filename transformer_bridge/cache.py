@@ -4,7 +4,7 @@ import json
 import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from jaxtyping import Float, Int
@@ -14,8 +14,15 @@ from torch import Tensor
 from .checks import check_device
 from .names import HookNames, NotCachedError, get_act_name
 
-if TYPE_CHECKING:
-    from .bridge import TransformerBridge
+
+class CacheModel(Protocol):
+    """What a cache needs of its model (a `BridgeCore`): sizes, hook points, unembedding directions."""
+
+    cfg: Any
+    hook_dict: Mapping[str, Any]
+
+    def unembed_directions(self, tokens: Any) -> Tensor: ...
+
 
 __all__ = ["ActivationCache", "check_pos_slice", "get_act_name"]
 
@@ -91,7 +98,7 @@ class ActivationCache(Mapping[str, Tensor]):
     def __init__(
         self,
         tensors: dict[str, Tensor],
-        model: "TransformerBridge | None" = None,
+        model: CacheModel | None = None,
         attention_mask: Int[Tensor, "batch pos"] | None = None,
         prompt_lengths: Int[Tensor, "batch"] | None = None,
         has_batch_dim: bool = True,
@@ -174,7 +181,7 @@ class ActivationCache(Mapping[str, Tensor]):
         return self._derive(out, attention_mask=mask, has_batch_dim=False)
 
     # -- analysis -----------------------------------------------------------------------------
-    def _need_model(self) -> "TransformerBridge":
+    def _need_model(self) -> CacheModel:
         if self.model is None:
             raise ValueError("This cache has no model attached; pass `model=` to ActivationCache.load.")
         return self.model
@@ -359,7 +366,7 @@ class ActivationCache(Mapping[str, Tensor]):
 
     @classmethod
     def load(
-        cls, path: str | Path, model: "TransformerBridge | None" = None, device: str | torch.device = "cpu"
+        cls, path: str | Path, model: CacheModel | None = None, device: str | torch.device = "cpu"
     ) -> "ActivationCache":
         """Load a cache written by `save`; attach ``model`` for the analysis helpers."""
         from safetensors import SafetensorError, safe_open

@@ -13,7 +13,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -21,7 +21,8 @@ from torch import Tensor
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from .relevance.result import Relevance
+# A `transformer_bridge.relevance.Relevance`; not imported, because `Relevance` draws itself with this module.
+Relevance = Any
 
 _MAX_PNG_COLS = 160  # beyond this, ticks are thinned so labels stay legible
 _RED, _BLUE, _NOT_SEEN = "#dc2626", "#2563eb", "#d4d4d4"
@@ -83,7 +84,7 @@ def in_notebook() -> bool:
     return kernel_shell or "IPKernelApp" in getattr(shell, "config", {})
 
 
-def default_html_path(rel: "Relevance") -> Path:
+def default_html_path(rel: Relevance) -> Path:
     """A new ``.html`` file in the temporary folder: where `Relevance.show` writes ``rel`` outside notebooks."""
     with tempfile.NamedTemporaryFile(prefix=f"relevance_{rel.method}_", suffix=".html", delete=False) as f:
         return Path(f.name)
@@ -97,7 +98,7 @@ def _target_words(target: str) -> str:
     return {"logit": "logit", "logprob": "log-probability"}.get(target, f"target {target}")
 
 
-def _score_words(rel: "Relevance") -> str:
+def _score_words(rel: Relevance) -> str:
     """What one score of a token method is, e.g. 'relevance for the logit'."""
     fixed = {"attention": "attention weight", "random": "random baseline score"}
     if rel.method == "grad_norm":
@@ -105,13 +106,13 @@ def _score_words(rel: "Relevance") -> str:
     return fixed.get(rel.method, f"relevance for the {_target_words(rel.target)}")
 
 
-def _sign_words(rel: "Relevance") -> str:
+def _sign_words(rel: Relevance) -> str:
     if rel.method in ("attention", "random", "grad_norm"):
         return "darker = larger"
     return f"red raises the {_target_words(rel.target)}, blue lowers it"
 
 
-def _row_label(rel: "Relevance", i: int, with_row: bool = True) -> str:
+def _row_label(rel: Relevance, i: int, with_row: bool = True) -> str:
     """``step 0 → "␣Paris"`` (``row 1, step 0 → …`` in batches, ``pos 7 → …`` outside generation)."""
     e = rel.explained[i]
     where = f"step {e.step_index}" if e.step_index is not None else f"pos {e.position}"
@@ -120,7 +121,7 @@ def _row_label(rel: "Relevance", i: int, with_row: bool = True) -> str:
     return f'{where} → "{visible_token(rel.str_tokens[e.batch_index][e.position])}"'
 
 
-def _header_words(rel: "Relevance") -> str:
+def _header_words(rel: Relevance) -> str:
     if rel.kind == "layers":
         return f"probability and rank of {len(rel)} explained token(s) after each layer"
     if rel.method in ("attention", "random"):
@@ -128,16 +129,16 @@ def _header_words(rel: "Relevance") -> str:
     return f"explains the {_target_words(rel.target)} of {len(rel)} token(s)"
 
 
-def _shown(rel: "Relevance", limit: int) -> list[int]:
+def _shown(rel: Relevance, limit: int) -> list[int]:
     return list(range(min(len(rel), limit)))
 
 
-def _not_all(rel: "Relevance", shown: list[int]) -> list[str]:
+def _not_all(rel: Relevance, shown: list[int]) -> list[str]:
     return [f"first {len(shown)} of {len(rel)} explained tokens shown"] if len(shown) < len(rel) else []
 
 
 # -- HTML ---------------------------------------------------------------------------------------------
-def relevance_html(rel: "Relevance", max_tokens: int | None = None) -> str:
+def relevance_html(rel: Relevance, max_tokens: int | None = None) -> str:
     """HTML: for each explained token, its source tokens coloured by relevance (wrapping lines), the
     largest components (``dla``, ``attribution_patching``) or a layer × token grid (``logit_lens``),
     under a legend that says what colours, numbers and labels mean.
@@ -181,7 +182,7 @@ def _html_token(token: str) -> str:
     )
 
 
-def _html_tokens(rel: "Relevance", max_tokens: int | None) -> str:
+def _html_tokens(rel: Relevance, max_tokens: int | None) -> str:
     swatch = _gradient_swatch("−1", "+1", f"linear-gradient(to right, {_BLUE}, white, {_RED})")
     parts = [
         _legend(
@@ -224,7 +225,7 @@ def _token_line(tokens: list[str], scores: Tensor, max_tokens: int | None, expla
     return "".join(spans)
 
 
-def _html_bars(rel: "Relevance", max_tokens: int | None, top: int = 12) -> str:
+def _html_bars(rel: Relevance, max_tokens: int | None, top: int = 12) -> str:
     labels = rel.labels or []
     target = _target_words(rel.target)
     if rel.kind == "hooks":
@@ -269,7 +270,7 @@ def _bar_table(labels: list[str], values: Tensor) -> str:
     return "".join(rows)
 
 
-def _html_layers(rel: "Relevance", max_tokens: int | None) -> str:
+def _html_layers(rel: Relevance, max_tokens: int | None) -> str:
     rank = rel.extras.get("rank")
     swatch = _gradient_swatch(f"p ≤ 1e{_LOG_FLOOR}", "p = 1", "linear-gradient(to right, white, #15803d)")
     lines = [
@@ -297,7 +298,7 @@ def _html_layers(rel: "Relevance", max_tokens: int | None) -> str:
 
 
 # -- matplotlib ---------------------------------------------------------------------------------------
-def relevance_figure(rel: "Relevance", top_k: int = 20, max_tokens: int | None = None) -> "Figure":
+def relevance_figure(rel: Relevance, top_k: int = 20, max_tokens: int | None = None) -> "Figure":
     """A matplotlib figure of ``rel``: heatmap (explained × source tokens, one panel per batch row), bar
     charts of the ``top_k`` components per explained token (``dla``), probability and rank per layer
     on log axes (``logit_lens``), or hook × position heatmaps (``attribution_patching``). Every axis and
@@ -317,7 +318,7 @@ def relevance_figure(rel: "Relevance", top_k: int = 20, max_tokens: int | None =
 
 
 def save_relevance_png(
-    rel: "Relevance", path: str | Path, top_k: int = 20, max_tokens: int | None = None, dpi: int = 120
+    rel: Relevance, path: str | Path, top_k: int = 20, max_tokens: int | None = None, dpi: int = 120
 ) -> Path:
     """Save `relevance_figure` of ``rel`` as a PNG at ``path``.
 
@@ -348,14 +349,14 @@ def _colorbar(fig: "Figure", image, ax, label: str) -> None:
     fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01, aspect=max(10.0, height / 0.16)).set_label(label, fontsize=8)
 
 
-def _token_ticks(ax, rel: "Relevance", b: int, cols: list[int], font: float) -> None:
+def _token_ticks(ax, rel: Relevance, b: int, cols: list[int], font: float) -> None:
     step = max(1, math.ceil(len(cols) / _MAX_PNG_COLS))
     ticks = list(range(0, len(cols), step))
     ax.set_xticks(ticks, [visible_token(rel.str_tokens[b][cols[t]]) for t in ticks], rotation=90, fontsize=font)
     ax.set_xlabel("source token (␣ space, ↵ newline, ⇥ tab)", fontsize=8)
 
 
-def _draw_tokens(rel: "Relevance", top_k: int, max_tokens: int | None) -> "Figure":
+def _draw_tokens(rel: Relevance, top_k: int, max_tokens: int | None) -> "Figure":
     from matplotlib import colormaps
 
     by_row: dict[int, list[int]] = {}
@@ -405,7 +406,7 @@ def _draw_tokens(rel: "Relevance", top_k: int, max_tokens: int | None) -> "Figur
     return fig
 
 
-def _draw_components(rel: "Relevance", top_k: int, max_tokens: int | None) -> "Figure":
+def _draw_components(rel: Relevance, top_k: int, max_tokens: int | None) -> "Figure":
     shown = _shown(rel, 8)
     labels = rel.labels or []
     orders = [rel.scores[i].float().abs().argsort(descending=True)[:top_k].flip(0).tolist() for i in shown]
@@ -430,7 +431,7 @@ def _draw_components(rel: "Relevance", top_k: int, max_tokens: int | None) -> "F
     return fig
 
 
-def _draw_layers(rel: "Relevance", top_k: int, max_tokens: int | None) -> "Figure":
+def _draw_layers(rel: Relevance, top_k: int, max_tokens: int | None) -> "Figure":
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     shown = _shown(rel, 12)
@@ -463,7 +464,7 @@ def _draw_layers(rel: "Relevance", top_k: int, max_tokens: int | None) -> "Figur
     return fig
 
 
-def _draw_hooks(rel: "Relevance", top_k: int, max_tokens: int | None) -> "Figure":
+def _draw_hooks(rel: Relevance, top_k: int, max_tokens: int | None) -> "Figure":
     shown = _shown(rel, 4)
     labels = rel.labels or []
     what = f"estimated change in the {_target_words(rel.target)}"

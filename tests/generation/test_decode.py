@@ -272,11 +272,11 @@ def test_generate_and_plan_share_one_option_list():
     """`plan` takes every decoding option of `generate`, none with a default of its own."""
     import inspect
 
-    from transformer_bridge.generation import GenerationMixin, options
+    from transformer_bridge.generation import generate, options
 
-    gen = inspect.signature(GenerationMixin.generate).parameters
+    gen = inspect.signature(generate).parameters
     plan = inspect.signature(options.plan).parameters
     options = {n: p for n, p in plan.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
     assert all(p.default is inspect.Parameter.empty for p in options.values())
     generate_only = {"attention_mask", "return_type", "return_cache", "names_filter", "device", "prepend_bos"}
-    assert set(options) == set(gen) - {"self", "input"} - generate_only
+    assert set(options) == set(gen) - {"model", "input"} - generate_only

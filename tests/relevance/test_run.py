@@ -7,21 +7,22 @@ import torch
 from _models import make_bridge, random_tokens, tiny_run
 
 from transformer_bridge import ActivationCache
+from transformer_bridge import relevance as relevance_package
 from transformer_bridge.relevance import METHODS, ClearedRunError, MissingHookError, RelevanceRun
 
 
 @pytest.fixture()
-def model():
+def model(monkeypatch):
     """A tiny Llama whose real `generate` records each call (to prove explaining never regenerates)."""
     m = make_bridge("llama")
     m.calls = []
-    real = m.generate
+    real = relevance_package.generate
 
     def recording_generate(*args, **kwargs):
         m.calls.append(kwargs)
         return real(*args, **kwargs)
 
-    m.generate = recording_generate
+    monkeypatch.setattr(relevance_package, "generate", recording_generate)
     return m
 
 

@@ -9,26 +9,22 @@ finished ones compete, length-penalised, for the ``num_beams`` best finished slo
 when no running beam can beat the finished ones (``early_stopping``), or at ``max_new_tokens``.
 """
 
-from typing import TYPE_CHECKING
-
 import torch
 from jaxtyping import Int
 from torch import Tensor
 from transformers import DynamicCache
 
+from ..core import BridgeCore
 from .decode import Plan, decode_full, decode_one_token, prefill
 from .outputs import FINISH_REASONS, GenerationOutput
 from .sampling import warp_logits
 from .stopping import MAX_TIME
 
-if TYPE_CHECKING:
-    from ..bridge import TransformerBridge
-
 NEG = -1.0e9  # HF's "impossible" score: large and finite, so sums stay ordered
 
 
 def beam_search(
-    model: "TransformerBridge", tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"], p: Plan
+    model: BridgeCore, tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"], p: Plan
 ) -> GenerationOutput:
     """Beam search over a left-padded batch; returns ``num_return_sequences`` best beams per prompt."""
     batch, width = tokens.shape

@@ -13,7 +13,6 @@ a full forward over the sequence so far, so a hook sees every position again at 
 """
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -21,18 +20,16 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from ..cache import ActivationCache
+from ..core import BridgeCore
 from ..hook_points import HookContext
 from .options import Plan
 from .outputs import FINISH_REASONS, GenerationOutput
 from .sampling import sample
 from .stopping import MAX_TIME
 
-if TYPE_CHECKING:
-    from ..bridge import TransformerBridge
-
 
 def prefill(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     mask: Int[Tensor, "batch pos"],
     positions: Int[Tensor, "batch pos"],
@@ -46,7 +43,7 @@ def prefill(
 
 
 def decode_one_token(
-    model: "TransformerBridge",
+    model: BridgeCore,
     token: Int[Tensor, "batch 1"],
     position: Int[Tensor, "batch 1"],
     real: Bool[Tensor, "batch 1"],
@@ -60,7 +57,7 @@ def decode_one_token(
 
 
 def decode_full(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     positions: Int[Tensor, "batch pos"],
     mask: Int[Tensor, "batch pos"],
@@ -92,7 +89,7 @@ def next_token(
 
 
 def generate(
-    model: "TransformerBridge", tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"], p: Plan
+    model: BridgeCore, tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"], p: Plan
 ) -> GenerationOutput:
     """Greedy or sampled decoding of a left-padded batch; finished rows are frozen to the pad token."""
     batch, width = tokens.shape
@@ -158,7 +155,7 @@ def generate(
 
 
 def recompute_cache(
-    model: "TransformerBridge",
+    model: BridgeCore,
     out: GenerationOutput,
     names: list[str],
     device: torch.device | None,
@@ -179,7 +176,7 @@ def recompute_cache(
 
 
 def _last_logits(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     mask: Int[Tensor, "batch key_pos"] | None,
     ctx: HookContext,

@@ -11,18 +11,16 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..checks import ArgumentTypeError, check_bool, check_int, describe, is_int, is_real
+from ..core import BridgeCore
 from .processors import ProcessorList, build_processors
 from .sampling import validate_sampling_args
 from .stopping import Stopping
-
-if TYPE_CHECKING:
-    from ..bridge import TransformerBridge
 
 SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "typical_p")
 HF_DEFAULT_TOP_K = 50  # HF's GenerationConfig applies top-k 50 when sampling unless told otherwise.
@@ -58,7 +56,7 @@ class Plan:
 
 
 def plan(
-    model: "TransformerBridge",
+    model: BridgeCore,
     prompt_width: int,
     *,
     max_new_tokens: int,
@@ -306,7 +304,7 @@ def _generator(seed: object, generator: object, device: torch.device) -> torch.G
     return generator
 
 
-def _eos_ids(model: "TransformerBridge", eos_token_id: int | Sequence[int] | Tensor | None) -> list[int]:
+def _eos_ids(model: BridgeCore, eos_token_id: int | Sequence[int] | Tensor | None) -> list[int]:
     d_vocab = model.cfg.d_vocab
     if isinstance(eos_token_id, Tensor):
         eos_token_id = eos_token_id.tolist()

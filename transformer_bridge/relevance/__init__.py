@@ -8,8 +8,8 @@ same in one call. Methods (see `METHODS`): ``attnlrp`` (default), ``cp_lrp``, ``
 ``attribution_patching``. Everything runs through the bridge's hook points; no model code is changed.
 """
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -17,6 +17,8 @@ from torch import Tensor
 
 from ..cache import ActivationCache
 from ..checks import ArgumentTypeError, describe
+from ..core import BridgeCore, NamesFilter
+from ..generation import generate
 from .cache_access import MissingHookError
 from .methods import METHODS, explain, get_method, method_options, relevance_hooks
 from .patching import attribution_patching
@@ -24,101 +26,96 @@ from .result import Relevance, StepRelevance
 from .run import ClearedRunError, RelevanceRun
 from .targets import ExplainedToken, Target, explained_from_positions
 
-if TYPE_CHECKING:
-    from ..bridge import TransformerBridge
 
-NamesFilter = None | str | Sequence[str] | Callable[[str], bool]
+def forward_pass(
+    model: BridgeCore,
+    input: Any,
+    max_new_tokens: int = 20,
+    names_filter: NamesFilter = None,
+    device: str | torch.device | None = "cpu",
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    **generate_kwargs: Any,
+) -> RelevanceRun:
+    """Generate (KV-cached, every decoding control of `generate`) and keep tokens and cache.
 
+    The cache of prompt + output is stored on ``device`` (CPU by default, to spare accelerator
+    memory); ``names_filter`` limits it (``relevance_hooks(model, "dla")`` gives what a cache
+    method needs; gradient methods need no cache at all).
 
-class RelevanceMixin:
-    """Adds `forward_pass` (generate and keep what explaining needs) and `relevance` to the bridge."""
-
-    def forward_pass(
-        self: "TransformerBridge",
-        input: Any,
-        max_new_tokens: int = 20,
-        names_filter: NamesFilter = None,
-        device: str | torch.device | None = "cpu",
-        attention_mask: Int[Tensor, "batch pos"] | None = None,
-        **generate_kwargs: Any,
-    ) -> RelevanceRun:
-        """Generate (KV-cached, every decoding control of `generate`) and keep tokens and cache.
-
-        The cache of prompt + output is stored on ``device`` (CPU by default, to spare accelerator
-        memory); ``names_filter`` limits it (``relevance_hooks(model, "dla")`` gives what a cache
-        method needs; gradient methods need no cache at all).
-
-        Example:
-            >>> run = model.forward_pass("The capital of France is", max_new_tokens=8, temperature=0)
-            >>> rel = run.relevance_pass(token_indices=[0, 4])
-        """
-        fixed = [f"`{k}={generate_kwargs[k]!r}`" for k in ("return_cache", "return_dict") if k in generate_kwargs]
-        if fixed:
-            raise TypeError(
-                f"`forward_pass` always generates with `return_cache=True` and `return_dict=True`; got "
-                f"{', '.join(fixed)}. Drop it, or call `model.generate` for other returns."
-            )
-        tokens, mask = self.prepare_input(input, attention_mask)
-        output, cache = self.generate(
-            tokens,
-            attention_mask=mask,
-            max_new_tokens=max_new_tokens,
-            return_cache=True,
-            names_filter=names_filter,
-            device=device,
-            return_dict=True,
-            **generate_kwargs,
+    Example:
+        >>> run = model.forward_pass("The capital of France is", max_new_tokens=8, temperature=0)
+        >>> rel = run.relevance_pass(token_indices=[0, 4])
+    """
+    fixed = [f"`{k}={generate_kwargs[k]!r}`" for k in ("return_cache", "return_dict") if k in generate_kwargs]
+    if fixed:
+        raise TypeError(
+            f"`forward_pass` always generates with `return_cache=True` and `return_dict=True`; got "
+            f"{', '.join(fixed)}. Drop it, or call `model.generate` for other returns."
         )
-        return _run_from_generation(self, output, cache, default_width=tokens.shape[1])
+    tokens, mask = model.prepare_input(input, attention_mask)
+    output, cache = generate(
+        model,
+        tokens,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        return_cache=True,
+        names_filter=names_filter,
+        device=device,
+        return_dict=True,
+        **generate_kwargs,
+    )
+    return _run_from_generation(model, output, cache, default_width=tokens.shape[1])
 
-    def relevance(
-        self: "TransformerBridge",
-        cache_or_run: "RelevanceRun | ActivationCache | tuple",
-        method: str = "attnlrp",
-        token_indices: Sequence[int] | int | None = None,
-        target: Any = "logit",
-        tokens: Int[Tensor, "batch pos"] | None = None,
-        **method_kwargs: Any,
-    ) -> Relevance:
-        """Explain generated tokens from a `RelevanceRun`, a ``(output, cache)`` pair from
-        ``generate(..., return_cache=True)``, or a generation cache plus its ``tokens``.
 
-        Example:
-            >>> out, cache = model.generate(tokens, max_new_tokens=8, return_cache=True)
-            >>> rel = model.relevance((out, cache), method="dla", token_indices=[0])
-        """
-        run = self._relevance_run(cache_or_run, tokens)
-        return run.relevance_pass(token_indices, method=method, target=target, **method_kwargs)
+def relevance(
+    model: BridgeCore,
+    cache_or_run: "RelevanceRun | ActivationCache | tuple",
+    method: str = "attnlrp",
+    token_indices: Sequence[int] | int | None = None,
+    target: Any = "logit",
+    tokens: Int[Tensor, "batch pos"] | None = None,
+    **method_kwargs: Any,
+) -> Relevance:
+    """Explain generated tokens from a `RelevanceRun`, a ``(output, cache)`` pair from
+    ``generate(..., return_cache=True)``, or a generation cache plus its ``tokens``.
 
-    def _relevance_run(self: "TransformerBridge", cache_or_run: Any, tokens: Tensor | None) -> RelevanceRun:
-        if isinstance(cache_or_run, RelevanceRun):
-            if tokens is not None:
-                raise ValueError("A RelevanceRun holds its own tokens; `tokens=` only goes with an ActivationCache.")
-            return cache_or_run
-        if isinstance(cache_or_run, tuple) and len(cache_or_run) == 2 and isinstance(cache_or_run[1], ActivationCache):
-            output, cache = cache_or_run
-            if tokens is None:
-                return _run_from_generation(self, output, cache)
-            cache_or_run = cache
-        if not isinstance(cache_or_run, ActivationCache):
-            raise TypeError(
-                "`cache_or_run` must be a RelevanceRun (from `model.forward_pass`), the (output, cache) pair of "
-                f"`generate(..., return_cache=True)`, or an ActivationCache with `tokens=`; got "
-                f"{type(cache_or_run).__name__}."
-            )
+    Example:
+        >>> out, cache = model.generate(tokens, max_new_tokens=8, return_cache=True)
+        >>> rel = model.relevance((out, cache), method="dla", token_indices=[0])
+    """
+    run = _relevance_run(model, cache_or_run, tokens)
+    return run.relevance_pass(token_indices, method=method, target=target, **method_kwargs)
+
+
+def _relevance_run(model: BridgeCore, cache_or_run: Any, tokens: Tensor | None) -> RelevanceRun:
+    if isinstance(cache_or_run, RelevanceRun):
+        if tokens is not None:
+            raise ValueError("A RelevanceRun holds its own tokens; `tokens=` only goes with an ActivationCache.")
+        return cache_or_run
+    if isinstance(cache_or_run, tuple) and len(cache_or_run) == 2 and isinstance(cache_or_run[1], ActivationCache):
+        output, cache = cache_or_run
         if tokens is None:
-            raise ValueError(
-                "An ActivationCache alone does not hold the token ids; pass `tokens=` (the generated sequences) "
-                "or the (output, cache) pair."
-            )
-        if not isinstance(tokens, Tensor):
-            raise ArgumentTypeError(f"`tokens` must be the generated token ids [batch, pos], got {describe(tokens)}.")
-        tokens = tokens[None] if tokens.dim() == 1 else tokens
-        return RelevanceRun(self, tokens, cache_or_run.attention_mask, prompt_width(cache_or_run, tokens), cache_or_run)
+            return _run_from_generation(model, output, cache)
+        cache_or_run = cache
+    if not isinstance(cache_or_run, ActivationCache):
+        raise TypeError(
+            "`cache_or_run` must be a RelevanceRun (from `model.forward_pass`), the (output, cache) pair of "
+            f"`generate(..., return_cache=True)`, or an ActivationCache with `tokens=`; got "
+            f"{type(cache_or_run).__name__}."
+        )
+    if tokens is None:
+        raise ValueError(
+            "An ActivationCache alone does not hold the token ids; pass `tokens=` (the generated sequences) "
+            "or the (output, cache) pair."
+        )
+    if not isinstance(tokens, Tensor):
+        raise ArgumentTypeError(f"`tokens` must be the generated token ids [batch, pos], got {describe(tokens)}.")
+    tokens = tokens[None] if tokens.dim() == 1 else tokens
+    return RelevanceRun(model, tokens, cache_or_run.attention_mask, prompt_width(cache_or_run, tokens), cache_or_run)
 
 
 def _run_from_generation(
-    model: "TransformerBridge", output: Any, cache: ActivationCache, default_width: int | None = None
+    model: BridgeCore, output: Any, cache: ActivationCache, default_width: int | None = None
 ) -> RelevanceRun:
     """A run from `generate`'s ``(output, cache)``: a `GenerationOutput` (``return_dict=True``) or the tokens."""
     sequences = getattr(output, "sequences", output)
@@ -159,14 +156,15 @@ __all__ = [
     "ExplainedToken",
     "MissingHookError",
     "Relevance",
-    "RelevanceMixin",
     "RelevanceRun",
     "StepRelevance",
     "Target",
     "attribution_patching",
     "explain",
     "explained_from_positions",
+    "forward_pass",
     "get_method",
     "method_options",
+    "relevance",
     "relevance_hooks",
 ]

@@ -7,17 +7,14 @@ tokens in each of ``B`` rows costs one forward and ``k`` backwards, not ``B * k`
 """
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..core import BridgeCore
 from ..hook_points import HookPoint
 from .targets import ExplainedToken, Target
-
-if TYPE_CHECKING:
-    from ..bridge import TransformerBridge
 
 # reduce(inputs [replicas, pos, d_model], grads [replicas, pos, d_model]) -> scores [pos]
 Reduce = Callable[[Tensor, Tensor], Tensor]
@@ -41,7 +38,7 @@ def rounds(explained: Sequence[ExplainedToken]) -> list[list[int]]:
 
 
 def backprop_scores(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     explained: Sequence[ExplainedToken],

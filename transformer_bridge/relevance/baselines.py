@@ -9,7 +9,6 @@
 """
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Int
@@ -17,17 +16,15 @@ from torch import Tensor
 
 from ..cache import ActivationCache
 from ..checks import check_int, describe
+from ..core import BridgeCore
 from .cache_access import require
 from .result import MethodOutput
 from .targets import ExplainedToken, Target
 
-if TYPE_CHECKING:
-    from ..bridge import TransformerBridge
-
 ATTENTION_MODES = ("last", "rollout")
 
 
-def attention_hooks(model: "TransformerBridge", mode: str = "last") -> list[str]:
+def attention_hooks(model: BridgeCore, mode: str = "last") -> list[str]:
     """The hook points `attention` reads from the cache for ``mode``."""
     _check_mode(mode)
     layers = [model.cfg.n_layers - 1] if mode == "last" else range(model.cfg.n_layers)
@@ -35,7 +32,7 @@ def attention_hooks(model: "TransformerBridge", mode: str = "last") -> list[str]
 
 
 def attention(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     explained: Sequence[ExplainedToken],
@@ -71,7 +68,7 @@ def attention(
 
 
 def random(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     explained: Sequence[ExplainedToken],

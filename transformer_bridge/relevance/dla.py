@@ -16,23 +16,20 @@ Cost: no forward, a few small matmuls.
 """
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
 from ..cache import ActivationCache
+from ..core import BridgeCore
 from ..sites import get_module
 from .cache_access import require
 from .result import MethodOutput
 from .targets import ExplainedToken, Target
 
-if TYPE_CHECKING:
-    from ..bridge import TransformerBridge
 
-
-def dla_hooks(model: "TransformerBridge") -> list[str]:
+def dla_hooks(model: BridgeCore) -> list[str]:
     """The hook points `dla` reads from the cache."""
     names = ["blocks.0.hook_resid_pre"]
     if "hook_pos_embed" in model.hook_dict:
@@ -45,7 +42,7 @@ def dla_hooks(model: "TransformerBridge") -> list[str]:
 
 
 def dla(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     explained: Sequence[ExplainedToken],
@@ -84,7 +81,7 @@ def dla(
     return MethodOutput(scores, values=scores.sum(-1), kind="components", labels=labels + bias_labels)
 
 
-def _components(model: "TransformerBridge", at) -> tuple[list[Tensor], list[str]]:
+def _components(model: BridgeCore, at) -> tuple[list[Tensor], list[str]]:
     resid0 = at("blocks.0.hook_resid_pre")
     if "hook_pos_embed" in model.hook_dict:
         pos = at("hook_pos_embed").expand_as(resid0)
@@ -108,14 +105,14 @@ def _components(model: "TransformerBridge", at) -> tuple[list[Tensor], list[str]
     return parts, labels
 
 
-def _direction(model: "TransformerBridge", ids: Tensor, target: Target) -> Tensor:
+def _direction(model: BridgeCore, ids: Tensor, target: Target) -> Tensor:
     direction = model.unembed_directions(ids).float()
     if target.kind == "logit_diff":
         direction = direction - model.unembed_directions(target.contrast).float()
     return direction
 
 
-def _bias_terms(model: "TransformerBridge", ids: Tensor, target: Target) -> tuple[Tensor, list[str]]:
+def _bias_terms(model: BridgeCore, ids: Tensor, target: Target) -> tuple[Tensor, list[str]]:
     rows, labels = [], []
     w = model.hf_model.get_output_embeddings().weight.detach().float()
     beta = getattr(get_module(model.hf_model, model.adapter.ln_final), "bias", None)

@@ -12,26 +12,23 @@
 """
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
 from ..checks import check_bool, check_int
+from ..core import BridgeCore
 from .backprop import backprop_scores, grad_times_input
 from .lrp import relative_gap
 from .result import MethodOutput
 from .targets import ExplainedToken, Target
 
-if TYPE_CHECKING:
-    from ..bridge import TransformerBridge
-
 EMBED_POINT = "hook_embed"
 
 
 def grad_x_input(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     explained: Sequence[ExplainedToken],
@@ -50,7 +47,7 @@ def grad_x_input(
 
 
 def grad_norm(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     explained: Sequence[ExplainedToken],
@@ -67,7 +64,7 @@ def grad_norm(
 
 
 def integrated_gradients(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     explained: Sequence[ExplainedToken],
@@ -122,7 +119,7 @@ def integrated_gradients(
 
 
 def _endpoint_values(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Tensor,
     mask: Tensor,
     explained: Sequence[ExplainedToken],

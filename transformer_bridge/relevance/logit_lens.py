@@ -8,30 +8,27 @@ reproduces the model's output distribution. Cost: ``n_layers`` unembeddings of t
 """
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
 from ..cache import ActivationCache
+from ..core import BridgeCore
 from ..sites import get_module
 from .cache_access import require
 from .result import MethodOutput
 from .targets import ExplainedToken, Target
 
-if TYPE_CHECKING:
-    from ..bridge import TransformerBridge
 
-
-def logit_lens_hooks(model: "TransformerBridge") -> list[str]:
+def logit_lens_hooks(model: BridgeCore) -> list[str]:
     """The hook points `logit_lens` reads from the cache."""
     return [f"blocks.{layer}.hook_resid_post" for layer in range(model.cfg.n_layers)]
 
 
 @torch.no_grad()
 def logit_lens(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     explained: Sequence[ExplainedToken],

@@ -19,25 +19,22 @@ Cost: one forward plus one backward per round (one explained token per batch row
 """
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..cache import ActivationCache
+from ..core import BridgeCore
 from .backprop import backprop_scores, grad_times_input
 from .result import MethodOutput
 from .rules import Variant, lrp_hooks, softcap_identity
 from .targets import ExplainedToken, Target
 
-if TYPE_CHECKING:
-    from ..bridge import TransformerBridge
-
 INPUT_POINT = "blocks.0.hook_resid_pre"
 
 
 def lrp(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     explained: Sequence[ExplainedToken],
@@ -66,7 +63,7 @@ def lrp(
 
 
 def attnlrp(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     explained: Sequence[ExplainedToken],
@@ -82,7 +79,7 @@ def attnlrp(
 
 
 def cp_lrp(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     explained: Sequence[ExplainedToken],

@@ -4,7 +4,7 @@ import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -12,12 +12,10 @@ from torch import Tensor
 
 from ..cache import ActivationCache
 from ..checks import ArgumentIndexError, ArgumentTypeError, describe, did_you_mean
+from ..core import BridgeCore
 from . import baselines, dla, gradients, logit_lens, lrp, patching
 from .result import MethodOutput, Relevance
 from .targets import ExplainedToken, parse_target
-
-if TYPE_CHECKING:
-    from ..bridge import TransformerBridge
 
 
 @dataclass(frozen=True)
@@ -57,7 +55,7 @@ def get_method(name: Any) -> Method:
     raise ValueError(f"`method`={name!r} does not exist.{hint} Valid methods: {', '.join(METHODS)}.")
 
 
-def relevance_hooks(model: "TransformerBridge", method: str, **method_kwargs: Any) -> list[str]:
+def relevance_hooks(model: BridgeCore, method: str, **method_kwargs: Any) -> list[str]:
     """Hook points ``method`` reads from the cache; pass them as ``names_filter`` when generating.
 
     Methods that recompute a forward (the LRP and gradient methods) read nothing and return ``[]``.
@@ -80,7 +78,7 @@ def method_options(name: str) -> list[str]:
 
 
 def explain(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"] | None,
     explained: Sequence[ExplainedToken],
@@ -154,7 +152,7 @@ def _check_explained(explained: Sequence[ExplainedToken], tokens: Tensor) -> Non
             )
 
 
-def _str_tokens(model: "TransformerBridge", tokens: Tensor) -> list[list[str]]:
+def _str_tokens(model: BridgeCore, tokens: Tensor) -> list[list[str]]:
     if model.tokenizer is None:
         return [[str(t) for t in row.tolist()] for row in tokens]
     return [model.to_str_tokens(row) for row in tokens]

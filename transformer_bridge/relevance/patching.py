@@ -11,7 +11,6 @@ forward, one backward per round.
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
@@ -19,22 +18,20 @@ from torch import Tensor
 
 from ..cache import ActivationCache
 from ..checks import ArgumentTypeError, describe
+from ..core import BridgeCore
 from ..hook_points import HookPoint
 from .backprop import rounds
 from .result import MethodOutput
 from .targets import ExplainedToken, Target
 
-if TYPE_CHECKING:
-    from ..bridge import TransformerBridge
 
-
-def default_patching_hooks(model: "TransformerBridge") -> list[str]:
+def default_patching_hooks(model: BridgeCore) -> list[str]:
     """``hook_resid_pre`` of every layer: where a token's information sits before each block."""
     return [f"blocks.{layer}.hook_resid_pre" for layer in range(model.cfg.n_layers)]
 
 
 def attribution_patching(
-    model: "TransformerBridge",
+    model: BridgeCore,
     clean_tokens: Int[Tensor, "batch pos"],
     corrupted_tokens: Int[Tensor, "batch pos"],
     metric: Callable[[Float[Tensor, "batch pos d_vocab"]], Float[Tensor, ""]],
@@ -62,7 +59,7 @@ def attribution_patching(
     return {name: s[0] for name, s in scores.items()}
 
 
-def check_tokens(model: "TransformerBridge", name: str, tokens: object, like: Tensor | None = None) -> Tensor:
+def check_tokens(model: BridgeCore, name: str, tokens: object, like: Tensor | None = None) -> Tensor:
     """``tokens`` (a tensor or nested lists) as a ``[batch, pos]`` tensor of ids in the vocabulary, shaped like
     ``like``, or an error naming ``name``. One device sync (the id range)."""
     given = tokens
@@ -92,7 +89,7 @@ def check_tokens(model: "TransformerBridge", name: str, tokens: object, like: Te
 
 
 def _patching(
-    model: "TransformerBridge",
+    model: BridgeCore,
     clean: Tensor,
     corrupted: Tensor,
     metrics: Sequence[Callable[[Tensor], Tensor]],
@@ -135,7 +132,7 @@ def _patching(
     return out
 
 
-def hook_names(model: "TransformerBridge", names: object) -> list[str]:
+def hook_names(model: BridgeCore, names: object) -> list[str]:
     """Canonical hook names in the order given (a shorthand expands to every layer); unknown names fail with
     suggestions. ``None``: `default_patching_hooks`."""
     if names is None:
@@ -176,7 +173,7 @@ def _per_position(name: str, t: Tensor) -> Tensor:
 
 
 def attribution_patching_method(
-    model: "TransformerBridge",
+    model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     explained: Sequence[ExplainedToken],

@@ -9,6 +9,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .. import viz
 from .targets import ExplainedToken
 
 Kind = Literal["tokens", "components", "layers", "hooks"]
@@ -178,24 +179,18 @@ class Relevance(Sequence[StepRelevance]):
             >>> print(rel.show())          # a script: /tmp/relevance_attnlrp_….html, open it in a browser
             >>> rel.show(path="why.html")  # Path('why.html')
         """
-        from ..viz import default_html_path, in_notebook, relevance_html
-
-        view = HTMLView(relevance_html(self, max_tokens=max_tokens))
-        if path is None and in_notebook():
+        view = HTMLView(viz.relevance_html(self, max_tokens=max_tokens))
+        if path is None and viz.in_notebook():
             return view
-        return view.save(default_html_path(self) if path is None else path)
+        return view.save(viz.default_html_path(self) if path is None else path)
 
     def _repr_html_(self) -> str:
-        from ..viz import relevance_html
-
-        return relevance_html(self)
+        return viz.relevance_html(self)
 
     def save_png(self, path: str | Path, **kwargs: Any) -> Path:
         """Save a labelled matplotlib figure: heatmap (tokens × sources), bar charts (``dla``), probability
         and rank per layer (``logit_lens``) or hook × position heatmaps; ``kwargs`` go to `save_relevance_png`."""
-        from ..viz import save_relevance_png
-
-        return save_relevance_png(self, path, **kwargs)
+        return viz.save_relevance_png(self, path, **kwargs)
 
 
 class HTMLView:

@@ -20,22 +20,20 @@ Rules (``attnlrp`` | ``cp_lrp``):
 """
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
 
+from ..core import BridgeCore
 from ..hook_points import HookPoint
 from .backprop import safe_ratio, scale_gradient
-
-if TYPE_CHECKING:
-    from ..bridge import TransformerBridge
 
 Variant = Literal["attnlrp", "cp_lrp"]
 HookList = list[tuple[str, Callable]]
 
 
-def lrp_hooks(model: "TransformerBridge", variant: Variant) -> HookList:
+def lrp_hooks(model: BridgeCore, variant: Variant) -> HookList:
     """The forward hooks that turn the model's gradient into ``variant``'s relevance flow."""
     hooks: HookList = [(name, _constant_scale) for name in model.hook_dict if name.endswith(".hook_scale")]
     for layer in range(model.cfg.n_layers):
@@ -83,7 +81,7 @@ def _gradient_times(factor: float) -> Callable:
     return fn
 
 
-def _mlp_hooks(model: "TransformerBridge", p: str, variant: Variant) -> HookList:
+def _mlp_hooks(model: BridgeCore, p: str, variant: Variant) -> HookList:
     """Identity rule on the activation; for gated MLPs the product rule of ``variant``.
 
     ``hook_pre`` returns the pre-activation detached, so the model's own activation derivative never

@@ -1,7 +1,7 @@
 """`RelevanceRun`: generated sequences plus their cache, kept so any token can be explained later."""
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -9,12 +9,10 @@ from torch import Tensor
 
 from ..cache import ActivationCache
 from ..checks import ArgumentIndexError, ArgumentTypeError, check_int, describe, is_int
+from ..core import BridgeCore
 from .methods import explain
 from .result import Relevance
 from .targets import ExplainedToken
-
-if TYPE_CHECKING:
-    from ..bridge import TransformerBridge
 
 
 class ClearedRunError(RuntimeError):
@@ -38,7 +36,7 @@ class RelevanceRun:
 
     def __init__(
         self,
-        model: "TransformerBridge",
+        model: BridgeCore,
         sequences: Int[Tensor, "batch pos"],
         attention_mask: Int[Tensor, "batch pos"] | None,
         prompt_width: int,
@@ -75,7 +73,7 @@ class RelevanceRun:
         self.output = output
 
     # -- state --------------------------------------------------------------------------------
-    def _alive(self) -> tuple["TransformerBridge", Tensor, Tensor]:
+    def _alive(self) -> tuple[BridgeCore, Tensor, Tensor]:
         if self._sequences is None or self._mask is None or self.model is None:
             raise ClearedRunError(
                 "This RelevanceRun was cleared (`run.clear()`), so its tokens and cache are gone. Generate again "

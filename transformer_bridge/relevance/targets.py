@@ -7,16 +7,14 @@ token's logit (default), its log-probability, or its logit minus a contrast toke
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..checks import ArgumentIndexError, ArgumentTypeError, describe, is_int
-
-if TYPE_CHECKING:
-    from ..bridge import TransformerBridge
+from ..core import BridgeCore
 
 TargetKind = Literal["logit", "logprob", "logit_diff", "custom"]
 TARGET_KINDS: tuple[str, ...] = ("logit", "logprob", "logit_diff", "custom")
@@ -85,7 +83,7 @@ class Target:
         return self.kind in ("logit", "logit_diff")
 
 
-def parse_target(target: Any, model: "TransformerBridge") -> Target:
+def parse_target(target: Any, model: BridgeCore) -> Target:
     """Accept ``"logit"``, ``"logprob"``, ``("logit_diff", contrast)`` (id or single-token string), a function
     ``fn(logits, token)`` or a `Target`."""
     if isinstance(target, Target):
