@@ -62,7 +62,7 @@ def main() -> None:
 
 def bench(model: TransformerBridge, prompts: list[str], n: int, rounds: int) -> None:
     batch = len(prompts)
-    tokens, mask = model.to_tokens(prompts)
+    tokens, mask = model.to_tokens_and_mask(prompts, padding_side="left")
     common = dict(attention_mask=mask, max_new_tokens=n, min_new_tokens=n)
     direction = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(0))
     steer = [("blocks.15.hook_resid_post", lambda resid, hook: resid + 4.0 * direction)]

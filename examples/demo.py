@@ -29,11 +29,14 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     start = time.perf_counter()
     model = TransformerBridge.from_pretrained(str(smollm2_path()), dtype=torch.float32)
+    # TransformerLens' rule prepends BOS to text; SmolLM2's BOS is its chat-turn marker <|im_start|>,
+    # so for raw text we tokenize as HF does.
+    model.cfg.default_prepend_bos = False
     print(f"Loaded SmolLM2-135M-Instruct in {time.perf_counter() - start:.1f}s: {model.cfg.n_layers} layers")
 
     # 1. Plain forward: logits [batch, pos, d_vocab], exactly the HF model's.
     logits = model(PROMPT)
-    tokens, _ = model.to_tokens(PROMPT)
+    tokens, _ = model.to_tokens_and_mask(PROMPT, padding_side="left")
     with torch.inference_mode():
         same = torch.equal(logits, model.hf_model(tokens).logits)
     print(f"\n{PROMPT!r} → logits {tuple(logits.shape)}, bitwise equal to HF: {same}")

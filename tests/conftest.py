@@ -87,4 +87,7 @@ def smollm2() -> TransformerBridge:
         path = smollm2_path()
     except (ImportError, FileNotFoundError) as e:  # pragma: no cover - setup problem, say so loudly
         pytest.fail(f"SmolLM2 is not available: {e}. Run `make setup`.")
-    return TransformerBridge.from_pretrained(str(path), dtype=torch.float32)
+    model = TransformerBridge.from_pretrained(str(path), dtype=torch.float32)
+    # SmolLM2's BOS is its chat-turn marker <|im_start|>; these tests tokenize raw text as HF does.
+    model.cfg.default_prepend_bos = False
+    return model

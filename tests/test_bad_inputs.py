@@ -128,7 +128,7 @@ CASES = [
     ),
     (
         "generate_right_padded",
-        lambda m: m.generate(PAIR, max_new_tokens=2, attention_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])),
+        lambda m: m.generate(PAIR, max_new_tokens=2, attention_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 0, 1, 0, 1]])),
         ValueError,
         r"`attention_mask` row 1 is not left-padded",
     ),

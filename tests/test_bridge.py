@@ -30,7 +30,7 @@ def test_all_hooks_active_within_tolerance(bridge):
 
 def test_string_and_list_inputs(bridge):
     text = "Hello there"
-    tokens, mask = bridge.to_tokens(text)
+    tokens, mask = bridge.to_tokens_and_mask(text, padding_side="left")
     assert tokens[0, 0] == 1 and mask.all()  # the char tokenizer adds BOS, like Llama's
     with torch.no_grad():
         assert torch.equal(bridge(text), bridge.hf_model(tokens).logits)
@@ -38,7 +38,7 @@ def test_string_and_list_inputs(bridge):
 
 def test_left_padded_batch_rows_equal_single_runs(bridge):
     texts = ["Hi", "The capital of France is", "abc def"]
-    _, mask = bridge.to_tokens(texts)
+    _, mask = bridge.to_tokens_and_mask(texts, padding_side="left")
     assert (mask[:, -1] == 1).all() and mask[0, 0] == 0  # left padding
     with torch.no_grad():
         batch = bridge(texts)
@@ -70,7 +70,7 @@ def test_token_helpers():
     assert model.to_single_token("H") == 44
     assert model.to_string(torch.tensor([44, 77])) == "Hi"
     assert model.to_string(torch.tensor([[44], [77]])) == ["H", "i"]
-    tokens, _ = model.to_tokens("Hi", prepend_bos=True)
+    tokens, _ = model.to_tokens_and_mask("Hi", prepend_bos=True, padding_side="left")
     assert tokens[0].tolist() == [1, 44, 77]  # BOS not doubled
     with pytest.raises(ValueError, match="not exactly one"):
         model.to_single_token("Hi")

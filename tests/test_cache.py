@@ -146,7 +146,7 @@ def test_accumulated_resid(bridge, full_cache):
     n = bridge.cfg.n_layers
     assert labels == [f"{i}_pre" for i in range(n)] + ["final_post"]
     assert torch.equal(resids[1], cache["resid_pre", 1]) and torch.equal(resids[-1], cache["resid_post", -1])
-    assert cache.accumulated_resid(layer=1).shape[0] == 1
+    assert cache.accumulated_resid(layer=1).shape[0] == 2  # TransformerLens: 0_pre and 1_pre
 
 
 def test_stack_head_results_and_apply_ln(bridge, full_cache):
@@ -154,7 +154,10 @@ def test_stack_head_results_and_apply_ln(bridge, full_cache):
     heads, labels = cache.stack_head_results(return_labels=True)
     assert heads.shape == (bridge.cfg.n_layers * bridge.cfg.n_heads, *TOKENS.shape, bridge.cfg.d_model)
     assert labels[:2] == ["L0H0", "L0H1"]
-    torch.testing.assert_close(heads[:4].sum(0), cache["result", 0].sum(-2))
+    if not bridge.adapter.sandwich:
+        torch.testing.assert_close(heads[:4].sum(0), cache["result", 0].sum(-2))
+    else:  # Gemma 2: each head goes through the post-attention norm at its cached scale
+        torch.testing.assert_close(heads[:4].sum(0), cache["attn_out", 0], atol=1e-5, rtol=1e-5)
     normed = cache.decompose_resid(apply_ln=True)
     torch.testing.assert_close(normed.sum(0), cache["ln_final.hook_normalized"], atol=1e-5, rtol=1e-5)
     normed = cache.decompose_resid(layer=1, apply_ln=True)
@@ -169,7 +172,7 @@ def test_logit_attrs_sum_to_logit_minus_bias_terms(bridge, full_cache):
     norm = get_module(bridge.hf_model, bridge.adapter.ln_final)
     w_u = bridge.hf_model.get_output_embeddings().weight[target]  # [batch, d_model]
     beta = getattr(norm, "bias", None)
-    bias_terms = (w_u @ beta if beta is not None else 0) + (bridge.b_U[target] if bridge.b_U is not None else 0)
+    bias_terms = (w_u @ beta if beta is not None else 0) + (bridge.b_U_raw[target] if bridge.b_U_raw is not None else 0)
     cap = getattr(bridge.hf_model.config, "final_logit_softcapping", None)
     rows = torch.arange(TOKENS.shape[0])
     logit = logits[rows, -1, target]

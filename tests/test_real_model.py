@@ -9,13 +9,13 @@ PROMPT = "The capital of France is"
 
 
 def test_logits_bitwise_equal_hf(smollm2):
-    tokens, _ = smollm2.to_tokens(PROMPT)
+    tokens, _ = smollm2.to_tokens_and_mask(PROMPT, padding_side="left")
     with torch.no_grad():
         assert torch.equal(smollm2(PROMPT), smollm2.hf_model(tokens).logits)
 
 
 def test_greedy_continues_with_paris(smollm2):
-    tokens, _ = smollm2.to_tokens(PROMPT)
+    tokens, _ = smollm2.to_tokens_and_mask(PROMPT, padding_side="left")
     with torch.no_grad():
         for _ in range(3):
             nxt = smollm2(tokens)[0, -1].argmax()
@@ -24,7 +24,7 @@ def test_greedy_continues_with_paris(smollm2):
 
 
 def test_all_hooks_within_tolerance_and_cache_once(smollm2):
-    tokens, _ = smollm2.to_tokens(PROMPT)
+    tokens, _ = smollm2.to_tokens_and_mask(PROMPT, padding_side="left")
     with torch.no_grad():
         ref = smollm2.hf_model(tokens).logits
     logits, cache = smollm2.run_with_cache(PROMPT)

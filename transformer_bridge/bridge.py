@@ -4,15 +4,17 @@ caches) plus thin methods over the function packages below it: `generation.gener
 `compat/`. Every import points down: nothing below imports this module.
 """
 
+from .compat.weights import WeightProperties
 from .core import BridgeConfig, BridgeCore
 from .generation import generate as _generate
+from .generation import generate_stream as _generate_stream
 from .relevance import forward_pass as _forward_pass
 from .relevance import relevance as _relevance
 
 __all__ = ["BridgeConfig", "TransformerBridge"]
 
 
-class TransformerBridge(BridgeCore):
+class TransformerBridge(WeightProperties, BridgeCore):
     """Wrap a HF causal LM: TransformerLens-named hook points, caches, hooked generation, relevance.
 
     With no hook registered the model runs its own code: logits are bitwise those of the HF model.
@@ -28,5 +30,6 @@ class TransformerBridge(BridgeCore):
     """
 
     generate = _generate
+    generate_stream = _generate_stream
     forward_pass = _forward_pass
     relevance = _relevance

@@ -2,15 +2,17 @@
 
 import json
 import operator
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from jaxtyping import Float, Int
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from . import cache_tl
 from .checks import check_device
 from .names import HookNames, NotCachedError, get_act_name
 
@@ -194,155 +196,248 @@ class ActivationCache(Mapping[str, Tensor]):
             )
         return self._tensors[name]
 
+    def _select(self, t: Tensor, selection: Any, dim: int, param: str) -> Tensor:
+        """``t`` along ``dim`` at an int (the axis kept), a slice or a list of indices; None keeps all."""
+        if selection is None:
+            return t
+        selection = check_pos_slice(selection, t.shape[dim], param)
+        if isinstance(selection, int):
+            return t.narrow(dim, selection, 1)
+        if isinstance(selection, list):
+            return t.index_select(dim, torch.as_tensor(selection, device=t.device))
+        return t[(slice(None),) * dim + (selection,)]
+
+    def _at_pos(self, t: Tensor, pos_slice: Any) -> Tensor:
+        """A cached ``[(batch,) pos, ...]`` tensor at the positions ``pos_slice`` selects."""
+        return self._select(t, pos_slice, int(self.has_batch_dim), "pos_slice")
+
+    @property
+    def cache_dict(self) -> dict[str, Tensor]:
+        """The underlying name → tensor dict (TransformerLens' attribute; edits change the cache)."""
+        return self._tensors
+
+    def toggle_autodiff(self, mode: bool = False) -> None:
+        """Switch torch's autograd on or off globally (TransformerLens' helper; prefer ``torch.no_grad()``)."""
+        warnings.warn(f"toggle_autodiff changed torch's global state: grad enabled = {mode}.", stacklevel=2)
+        torch.set_grad_enabled(mode)
+
     def accumulated_resid(
         self,
         layer: int | None = None,
         incl_mid: bool = False,
         apply_ln: bool = False,
-        pos_slice: int | slice | None = None,
+        pos_slice: PosSlice | None = None,
+        mlp_input: bool = False,
         return_labels: bool = False,
-    ) -> Float[Tensor, "layer batch pos d_model"] | tuple[Tensor, list[str]]:
-        """The residual stream before each layer up to ``layer`` (all layers and the final one if None).
+    ) -> Float[Tensor, "layer *batch pos d_model"] | tuple[Tensor, list[str]]:
+        """The residual stream entering each layer, up to and including the input of ``layer``.
+
+        ``layer`` counts layer inputs, ``0..n_layers``: ``n_layers`` (also None and -1) is the stream
+        after the last block, labelled ``"final_post"``; the others are ``resid_pre``, labelled
+        ``"{l}_pre"``. ``incl_mid`` adds ``resid_mid`` of the layers before ``layer`` (``"{l}_mid"``);
+        ``mlp_input`` ends at the input of ``layer``'s MLP (its ``resid_mid``; parallel attention/MLP
+        blocks feed the MLP ``resid_pre``, so nothing is added there). ``apply_ln`` divides by the cached
+        scale of the norm that reads ``layer`` (see `apply_ln_to_stack`).
 
         Example:
-            >>> resids, labels = cache.accumulated_resid(return_labels=True)  # labels "0_pre", …, "final_post"
+            >>> resids, labels = cache.accumulated_resid(return_labels=True)   # logit lens input
+            >>> labels[0], labels[-1]
+            ('0_pre', 'final_post')
         """
-        n = self._need_model().cfg.n_layers
-        layer = n if layer is None else (layer + n + 1 if layer < 0 else layer)
-        parts, labels = [], []
-        for i in range(min(layer, n) + (1 if layer > n else 0)):
-            parts.append(self._get(f"blocks.{i}.hook_resid_pre", "accumulated_resid"))
-            labels.append(f"{i}_pre")
-            if incl_mid and f"blocks.{i}.hook_resid_mid" in self.model.hook_dict:
-                parts.append(self._get(f"blocks.{i}.hook_resid_mid", "accumulated_resid(incl_mid=True)"))
-                labels.append(f"{i}_mid")
-        if layer == n:
-            parts.append(self._get(f"blocks.{n - 1}.hook_resid_post", "accumulated_resid"))
-            labels.append("final_post")
-        stack = _pos(torch.stack(parts), pos_slice, self.has_batch_dim)
-        if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer=None if layer == n else layer, pos_slice=pos_slice)
-        return (stack, labels) if return_labels else stack
+        return cache_tl.accumulated_resid(self, layer, incl_mid, apply_ln, pos_slice, mlp_input, return_labels)
 
     def decompose_resid(
         self,
         layer: int | None = None,
-        mode: str = "all",
+        mlp_input: bool = False,
+        mode: Literal["all", "mlp", "attn"] = "all",
         apply_ln: bool = False,
-        pos_slice: int | slice | None = None,
+        pos_slice: PosSlice | None = None,
+        incl_embeds: bool = True,
         return_labels: bool = False,
-    ) -> Float[Tensor, "component batch pos d_model"] | tuple[Tensor, list[str]]:
-        """Split the residual stream before ``layer`` (after the last layer if None) into its parts.
+    ) -> Float[Tensor, "component *batch pos d_model"] | tuple[Tensor, list[str]]:
+        """Split the residual stream entering ``layer`` into the embeddings and each block's outputs.
 
-        Parts: ``embed`` (token embedding as it enters the stream, Gemma's √d scaling included),
-        ``pos_embed`` (absolute-position families), then ``{l}_attn_out`` and ``{l}_mlp_out``. They
-        sum to ``resid_pre[layer]`` (``resid_post[-1]`` for None) up to float rounding.
-        ``mode`` is ``"all"``, ``"attn"`` or ``"mlp"`` (which block outputs to include).
+        Parts: ``embed`` (the token embedding as it enters the stream, Gemma's √d scaling included),
+        ``pos_embed`` (absolute-position families), then ``{l}_attn_out`` and ``{l}_mlp_out`` for the
+        layers before ``layer`` (``mode`` ``"attn"`` / ``"mlp"`` keeps one kind). ``layer`` is
+        ``0..n_layers`` as in `accumulated_resid`; ``mlp_input`` adds ``layer``'s own attention output
+        (not in parallel attention/MLP blocks). The parts sum to that residual up to float rounding.
+
+        Example:
+            >>> parts, labels = cache.decompose_resid(return_labels=True)
+            >>> torch.allclose(parts.sum(0), cache["resid_post", -1], atol=1e-5)
+            True
         """
-        if mode not in ("all", "attn", "mlp"):
-            raise ValueError(f"`mode` must be 'all', 'attn' or 'mlp', got {mode!r}.")
-        model = self._need_model()
-        n = model.cfg.n_layers
-        layer = n if layer is None else (layer + n + 1 if layer < 0 else layer)
-        resid0 = self._get("blocks.0.hook_resid_pre", "decompose_resid")
-        parts, labels = [], []
-        if "hook_pos_embed" in model.hook_dict:
-            pos = self._get("hook_pos_embed", "decompose_resid").expand_as(resid0)
-            parts += [resid0 - pos, pos]
-            labels += ["embed", "pos_embed"]
-        else:
-            parts.append(resid0)
-            labels.append("embed")
-        for i in range(layer):
-            if mode in ("all", "attn"):
-                parts.append(self._get(f"blocks.{i}.hook_attn_out", "decompose_resid"))
-                labels.append(f"{i}_attn_out")
-            if mode in ("all", "mlp"):
-                parts.append(self._get(f"blocks.{i}.hook_mlp_out", "decompose_resid"))
-                labels.append(f"{i}_mlp_out")
-        stack = _pos(torch.stack(parts), pos_slice, self.has_batch_dim)
-        if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer=None if layer == n else layer, pos_slice=pos_slice)
-        return (stack, labels) if return_labels else stack
+        return cache_tl.decompose_resid(self, layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels)
+
+    def compute_head_results(self) -> None:
+        """Store each layer's ``blocks.L.attn.hook_result`` computed from the cached ``hook_z``.
+
+        Each head's ``z`` through its slice of the output projection, bias excluded: what the hook
+        point computes during a forward. Layers whose result is cached are left as they are.
+
+        Example:
+            >>> _, cache = model.run_with_cache("Hi", names_filter=lambda n: "hook_z" in n)
+            >>> cache.compute_head_results(); cache["result", 0].shape   # [batch, pos, head, d_model]
+        """
+        cache_tl.compute_head_results(self)
 
     def stack_head_results(
         self,
-        layer: int | None = None,
-        pos_slice: int | slice | None = None,
-        apply_ln: bool = False,
+        layer: int | None = -1,
         return_labels: bool = False,
-    ) -> Float[Tensor, "component batch pos d_model"] | tuple[Tensor, list[str]]:
-        """Each head's output (``hook_result``, bias excluded) for layers before ``layer``, stacked.
+        incl_remainder: bool = False,
+        pos_slice: PosSlice | None = None,
+        apply_ln: bool = False,
+    ) -> Float[Tensor, "component *batch pos d_model"] | tuple[Tensor, list[str]]:
+        """Each head's contribution to the residual stream in the layers before ``layer``, stacked.
 
-        Labels are ``L{layer}H{head}``. Needs ``hook_result`` cached (computed only when asked for).
+        Rows are labelled ``L{layer}H{head}``; ``incl_remainder`` adds ``"remainder"``, the residual
+        entering ``layer`` minus the heads. Read from ``hook_result``, or computed from ``hook_z``
+        when the result is not cached. For Gemma 2 the rows are the heads' outputs through the
+        post-attention norm at its cached scale (see ``cache_tl``), so they sum to ``attn_out``.
+
+        Example:
+            >>> heads, labels = cache.stack_head_results(return_labels=True)   # labels "L0H0", …
         """
-        model = self._need_model()
-        n = model.cfg.n_layers
-        layer = n if layer is None else (layer + n + 1 if layer < 0 else layer)
-        parts, labels = [], []
-        for i in range(layer):
-            result = self._get(f"blocks.{i}.attn.hook_result", "stack_head_results")
-            per_head = result.movedim(-2, 0)  # [head, (batch,) pos, d_model]
-            parts.append(per_head)
-            labels += [f"L{i}H{h}" for h in range(per_head.shape[0])]
-        stack = _pos(torch.cat(parts), pos_slice, self.has_batch_dim)
-        if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer=None if layer == n else layer, pos_slice=pos_slice)
-        return (stack, labels) if return_labels else stack
+        return cache_tl.stack_head_results(self, layer, return_labels, incl_remainder, pos_slice, apply_ln)
+
+    def get_neuron_results(
+        self, layer: int, neuron_slice: PosSlice | None = None, pos_slice: PosSlice | None = None
+    ) -> Float[Tensor, "*batch pos neuron d_model"]:
+        """Each neuron's contribution to the residual stream in block ``layer``: ``hook_post[n] * W_out[n]``.
+
+        The down projection's bias is not included (see `accumulated_bias`); Gemma 2's go through the
+        post-feedforward norm at its cached scale. Not stored: it is large and cheap to recompute.
+
+        Example:
+            >>> cache.get_neuron_results(0, neuron_slice=[3, 7]).shape   # [batch, pos, 2, d_model]
+        """
+        return cache_tl.get_neuron_results(self, layer, neuron_slice, pos_slice)
+
+    def stack_neuron_results(
+        self,
+        layer: int | None,
+        pos_slice: PosSlice | None = None,
+        neuron_slice: PosSlice | None = None,
+        return_labels: bool = False,
+        incl_remainder: bool = False,
+        apply_ln: bool = False,
+        mlp_input: bool = False,
+    ) -> Float[Tensor, "component *batch pos d_model"] | tuple[Tensor, list[str]]:
+        """Each neuron's contribution (`get_neuron_results`) in the layers before ``layer``, stacked.
+
+        Rows are labelled ``L{layer}N{neuron}``; ``incl_remainder`` adds ``"remainder"``, the residual
+        entering ``layer`` (its MLP with ``mlp_input``) minus the neurons. Large: ``layer * d_mlp`` rows.
+
+        Example:
+            >>> neurons, labels = cache.stack_neuron_results(1, return_labels=True)   # labels "L0N0", …
+        """
+        return cache_tl.stack_neuron_results(
+            self, layer, pos_slice, neuron_slice, return_labels, incl_remainder, apply_ln, mlp_input
+        )
+
+    def accumulated_bias(
+        self, layer: int | None, mlp_input: bool = False, include_mlp_biases: bool = True
+    ) -> Float[Tensor, "d_model"]:
+        """Sum of the attention output biases ``b_O`` and MLP output biases ``b_out`` of the blocks before ``layer``.
+
+        ``mlp_input`` adds ``layer``'s own ``b_O``; families without those biases contribute zeros.
+        These are the biases as stored: behind Gemma 2's sandwich norms they enter the residual
+        through the norm (`get_full_resid_decomposition`'s ``"bias"`` row accounts for that).
+
+        Example:
+            >>> cache.accumulated_bias(2).shape   # [d_model]
+        """
+        return cache_tl.accumulated_bias(self._need_model(), layer, mlp_input, include_mlp_biases)
+
+    def get_full_resid_decomposition(
+        self,
+        layer: int | None = None,
+        mlp_input: bool = False,
+        expand_neurons: bool = True,
+        apply_ln: bool = False,
+        pos_slice: PosSlice | None = None,
+        return_labels: bool = False,
+    ) -> Float[Tensor, "component *batch pos d_model"] | tuple[Tensor, list[str]]:
+        """The residual entering ``layer`` as every head, every neuron (or MLP), the embeddings and the biases.
+
+        Rows, in TransformerLens' order: ``L{l}H{h}`` heads, ``L{l}N{n}`` neurons (``{l}_mlp_out``
+        without ``expand_neurons``), ``embed``, ``pos_embed`` (absolute-position families), ``bias``
+        (every ``b_O``, and ``b_out`` with ``expand_neurons``). They sum to ``resid_pre[layer]``
+        (``resid_mid`` with ``mlp_input``; the final residual for ``layer`` None) up to rounding, on
+        every family; for Gemma 2 through the sandwich norms at their cached scales.
+
+        Example:
+            >>> parts, labels = cache.get_full_resid_decomposition(return_labels=True)
+            >>> attrs = cache.logit_attrs(parts, tokens=model.to_single_token(" Paris"))
+        """
+        return cache_tl.get_full_resid_decomposition(
+            self, layer, mlp_input, expand_neurons, apply_ln, pos_slice, return_labels
+        )
+
+    def stack_activation(
+        self, activation_name: str, layer: int | None = -1, sublayer_type: str | None = None
+    ) -> Float[Tensor, "layer ..."]:
+        """``cache[activation_name, l]`` for the layers before ``layer`` (-1 / None: all), stacked.
+
+        Example:
+            >>> cache.stack_activation("pattern").shape   # [layer, batch, head, query_pos, key_pos]
+        """
+        layer = cache_tl.resolve_layer(layer, self._need_model().cfg.n_layers)
+        return torch.stack([self[activation_name, i, sublayer_type] for i in range(layer)])
 
     def apply_ln_to_stack(
         self,
-        stack: Float[Tensor, "component ... d_model"],
+        residual_stack: Float[Tensor, "component *batch pos d_model"],
         layer: int | None = None,
         mlp_input: bool = False,
-        pos_slice: int | slice | None = None,
-    ) -> Float[Tensor, "component ... d_model"]:
-        """Apply the cached norm to each component as the whole stream was normed.
+        pos_slice: PosSlice | None = None,
+        batch_slice: PosSlice | None = None,
+        has_batch_dim: bool = True,
+    ) -> Float[Tensor, "component *batch pos d_model"]:
+        """Apply the cached norm scale to each component, as the whole stream was normed.
 
-        Centres each component (LayerNorm families) and divides by the cached scale of the final
-        norm (``layer=None``) or of ``ln1`` / ``ln2`` (``mlp_input=True``) of ``layer``; the norm's
-        weight and bias are not applied (see `logit_attrs`). Components then sum to
-        ``hook_normalized`` up to rounding.
+        Centres each component (LayerNorm families) and divides by the cached scale of the norm that
+        reads ``layer``: ``ln1`` (``ln2`` with ``mlp_input``) of that layer, or the final norm for
+        ``layer`` n_layers / -1 / None. The norm's weight and bias are not applied (see `logit_attrs`).
+        ``pos_slice``: the positions the stack already holds (it selects the cached scale);
+        ``batch_slice``: the rows to take, of the stack and the scale; ``has_batch_dim=False``: the
+        stack has no batch axis. Components then sum to ``hook_normalized`` up to rounding.
+
+        Example:
+            >>> normed = cache.apply_ln_to_stack(cache.decompose_resid(pos_slice=-1), layer=-1, pos_slice=-1)
         """
-        model = self._need_model()
-        if layer is None or layer == model.cfg.n_layers:
-            name = "ln_final.hook_scale"
-        else:
-            name = f"blocks.{layer}.{'ln2' if mlp_input else 'ln1'}.hook_scale"
-        scale = _pos(self._get(name, "apply_ln_to_stack"), pos_slice, self.has_batch_dim, component_axis=False)
-        if model.cfg.normalization == "layernorm":
-            stack = stack - stack.mean(-1, keepdim=True)
-        return stack / scale
+        return cache_tl.apply_ln_to_stack(self, residual_stack, layer, mlp_input, pos_slice, batch_slice, has_batch_dim)
 
     def logit_attrs(
         self,
-        stack: Float[Tensor, "component ... d_model"],
-        tokens: Int[Tensor, "..."] | int,
-        incorrect_tokens: Int[Tensor, "..."] | int | None = None,
-        pos_slice: int | slice | None = None,
+        residual_stack: Float[Tensor, "component *batch pos d_model"],
+        tokens: Int[Tensor, "..."] | int | str,
+        incorrect_tokens: Int[Tensor, "..."] | int | str | None = None,
+        pos_slice: PosSlice | None = None,
+        batch_slice: PosSlice | None = None,
+        has_batch_dim: bool = True,
         has_applied_ln: bool = False,
-    ) -> Float[Tensor, "component ..."]:
+    ) -> Float[Tensor, "component *batch pos"]:
         """Direct logit attribution of each residual component to ``tokens`` (minus ``incorrect_tokens``).
 
-        Each component is normed with the cached final-norm scale (unless ``has_applied_ln``) and
-        projected on ``γ ⊙ W_U[:, token]``. The attributions sum to the logit minus the bias terms
-        ``β · W_U[:, token] + b_U[token]`` (LayerNorm families, models with an unembedding bias),
-        and before Gemma 2's final logit soft-capping.
+        Each component is normed with the cached final-norm scale (`apply_ln_to_stack`, with
+        ``pos_slice`` / ``batch_slice`` / ``has_batch_dim``; skipped if ``has_applied_ln``) and projected
+        on ``γ ⊙ W_U_raw[:, token]`` (``model.W_U[:, token]``, γ folded in). ``tokens``: an id or a
+        one-token string (every row and position), a ``[batch]`` tensor (one per row, when its length is
+        the stack's batch size), ``[pos]`` (one per position) or ``[batch, pos]``. The attributions sum
+        to the logit minus ``model.b_U[token]`` (the bias terms ``β · W_U_raw[:, token] + b_U_raw[token]``:
+        LayerNorm families, models with an unembedding bias), and before Gemma 2's final logit soft-capping.
 
         Example:
             >>> stack = cache.decompose_resid(pos_slice=-1)
-            >>> attrs = cache.logit_attrs(stack, tokens=model.to_single_token(" Paris"))
+            >>> attrs = cache.logit_attrs(stack, tokens=" Paris", pos_slice=-1)   # [component, batch, 1]
         """
-        model = self._need_model()
-        if not has_applied_ln:
-            stack = self.apply_ln_to_stack(stack, None, pos_slice=pos_slice)
-        direction = model.unembed_directions(tokens)
-        if incorrect_tokens is not None:
-            direction = direction - model.unembed_directions(incorrect_tokens)
-        direction = direction.to(stack.device, stack.dtype)
-        if direction.dim() == 2:  # one token per batch row: broadcast over positions
-            direction = direction[:, None, :]
-        return (stack * direction).sum(-1)
+        return cache_tl.logit_attrs(
+            self, residual_stack, tokens, incorrect_tokens, pos_slice, batch_slice, has_batch_dim, has_applied_ln
+        )
 
     # -- persistence ----------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
@@ -417,18 +512,3 @@ def _read_meta(meta: dict[str, str], key: str, default: str, path: Path) -> Any:
 
 def _layers_in(names: Iterable[str]) -> int:
     return 1 + max((int(n.split(".")[1]) for n in names if n.startswith("blocks.")), default=-1)
-
-
-def _pos(t: Tensor, pos_slice: Any, has_batch_dim: bool, component_axis: bool = True) -> Tensor:
-    """Slice the position axis of ``[(component,) (batch,) pos, ...]``, keeping it as an axis."""
-    if pos_slice is None:
-        return t
-    dim = int(has_batch_dim) + int(component_axis)
-    pos_slice = check_pos_slice(pos_slice, t.shape[dim])
-    if isinstance(pos_slice, int):
-        return t.narrow(dim, pos_slice, 1)
-    if isinstance(pos_slice, list):
-        return t.index_select(dim, torch.as_tensor(pos_slice, device=t.device))
-    index = [slice(None)] * t.dim()
-    index[dim] = pos_slice
-    return t[tuple(index)]

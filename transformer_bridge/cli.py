@@ -28,7 +28,7 @@ def _hooks(args: argparse.Namespace) -> None:
     names = [n for n in model.hook_dict if args.filter is None or args.filter in n]
     if not names:
         raise SystemExit(f"No hook point name contains {args.filter!r}; try a shorter --filter.")
-    tokens = torch.zeros(1, 4, dtype=torch.long)
+    tokens = torch.full((1, 4), model.cfg.bos_token_id or 1, dtype=torch.long)
     _, cache = model.run_with_cache(tokens, names_filter=names)
     width = max(len(n) for n in names)
     for name in names:

@@ -4,46 +4,32 @@ The core imports neither generation nor relevance: those are functions over a `B
 `TransformerBridge` (``bridge.py``) is the public class that ties them together.
 """
 
+import contextlib
 import copy
 import warnings
-import weakref
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from . import attention
 from .adapters import Adapter, adapter_for
 from .cache import ActivationCache, check_pos_slice
-from .checks import check_device, describe
+from .caching import CacheWriter, next_token_loss, next_token_losses
+from .checks import check_bool, check_device, describe, suggest_keywords
+from .config import BridgeConfig, bridge_config
 from .hook_points import HookContext, HookPoint, HookRegistry, NameOrFilter
+from .inputs import PaddingSide, check_attention_mask, infer_attention_mask, tokenize
+from .layers import StopForward, check_layer, start_at, stop_before
 from .names import NameFilter
 from .sites import build_sites, get_module
 
 Input = str | Sequence[str] | Tensor
 NamesFilter = NameFilter
-
-
-@dataclass(frozen=True)
-class BridgeConfig:
-    """Sizes of the wrapped model, in the project's dimension vocabulary."""
-
-    model_type: str
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    d_head: int
-    d_mlp: int
-    d_vocab: int
-    n_ctx: int | None
-    parallel_attn_mlp: bool
-    gated_mlp: bool
-    normalization: str
 
 
 class BridgeCore(nn.Module, HookRegistry):
@@ -70,7 +56,7 @@ class BridgeCore(nn.Module, HookRegistry):
         self.hf_model = hf_model
         self.tokenizer = tokenizer
         self.adapter: Adapter = adapter_for(hf_model.config.model_type)
-        self.cfg = _bridge_config(hf_model, self.adapter)
+        self.cfg: BridgeConfig = bridge_config(hf_model, self.adapter, tokenizer)
         # Only checks that the implementation is one the bridge can route; the HF model's config is
         # switched to the bridge's implementation during the bridge's own calls only (`run_model`).
         attention.bridge_implementation(hf_model.config._attn_implementation)
@@ -183,6 +169,11 @@ class BridgeCore(nn.Module, HookRegistry):
 
     @property
     def pad_token_id(self) -> int:
+        """The id used to pad batches: the tokenizer's pad token, else its EOS, else the config's, else 0."""
+        known = self._known_pad_id()
+        return 0 if known is None else known
+
+    def _known_pad_id(self) -> int | None:
         tok = self.tokenizer
         for value in (
             getattr(tok, "pad_token_id", None),
@@ -191,36 +182,52 @@ class BridgeCore(nn.Module, HookRegistry):
         ):
             if isinstance(value, int):
                 return value
-        return 0
+        return None
 
     def to_tokens(
-        self, input: str | Sequence[str], prepend_bos: bool | None = None
-    ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
-        """Tokenize text into a left-padded batch; returns ``(tokens, attention_mask)``.
+        self,
+        input: str | Sequence[str],
+        prepend_bos: bool | None = None,
+        padding_side: PaddingSide | None = None,
+        move_to_device: bool = True,
+        truncate: bool = True,
+    ) -> Int[Tensor, "batch pos"]:
+        """Tokenize text into ``[batch, pos]`` token ids, as TransformerLens does.
 
-        ``prepend_bos=None`` follows the tokenizer's own convention (``add_special_tokens``);
-        ``True`` makes sure every row starts with BOS; ``False`` adds no special tokens.
+        ``prepend_bos`` (default ``cfg.default_prepend_bos``: True when the tokenizer has a BOS token)
+        makes every row start with exactly one BOS; ``padding_side`` (default ``cfg.default_padding_side``,
+        ``"right"`` as in TransformerLens) pads a batch; ``truncate`` cuts rows to the context length.
+        A forward or `generate` on these ids infers the mask from left padding; for right padding,
+        or to be explicit, use `to_tokens_and_mask`.
 
         Example:
-            >>> tokens, mask = model.to_tokens(["Hello", "The capital of France is"])
+            >>> tokens = model.to_tokens(["Hello", "The capital of France is"])
+            >>> logits = model(tokens)
+        """
+        tokens, _ = self.to_tokens_and_mask(input, prepend_bos, padding_side, move_to_device, truncate)
+        return tokens
+
+    def to_tokens_and_mask(
+        self,
+        input: str | Sequence[str],
+        prepend_bos: bool | None = None,
+        padding_side: PaddingSide | None = None,
+        move_to_device: bool = True,
+        truncate: bool = True,
+    ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+        """`to_tokens` and the matching attention mask (1 = real token).
+
+        Example:
+            >>> tokens, mask = model.to_tokens_and_mask(["Hi", "Hello there"], padding_side="left")
         """
         tok = self._require_tokenizer()
-        texts = [input] if isinstance(input, str) else list(input)
-        if not texts or not all(isinstance(t, str) for t in texts):
-            raise TypeError(f"`input` must be a str or a non-empty list of str, got {describe(input)}.")
-        rows = [tok(t, add_special_tokens=prepend_bos is not False)["input_ids"] for t in texts]
-        bos = getattr(tok, "bos_token_id", None)
-        if prepend_bos and bos is not None:
-            rows = [r if r[:1] == [bos] else [bos, *r] for r in rows]
-        if any(len(r) == 0 for r in rows):
-            raise ValueError("`input` contains a string that tokenizes to no tokens; give it some text or BOS.")
-        width = max(len(r) for r in rows)
-        tokens = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            tokens[i, width - len(r) :] = torch.tensor(r)
-            mask[i, width - len(r) :] = 1
-        return tokens.to(self.device), mask.to(self.device)
+        bos = self.cfg.default_prepend_bos if prepend_bos is None else check_bool("prepend_bos", prepend_bos)
+        side = self.cfg.default_padding_side if padding_side is None else padding_side
+        max_length = self.cfg.n_ctx if truncate else None
+        tokens, mask = tokenize(tok, input, bos, side, self.pad_token_id, max_length)
+        if move_to_device:
+            tokens, mask = tokens.to(self.device), mask.to(self.device)
+        return tokens, mask
 
     def to_string(self, tokens: Int[Tensor, "... pos"] | Sequence[int]) -> str | list[str]:
         """Decode tokens: one sequence → str, a batch → list of str (special tokens kept)."""
@@ -236,8 +243,7 @@ class BridgeCore(nn.Module, HookRegistry):
         """The string of each token: ``model.to_str_tokens("Hi there") == ["Hi", " there"]``."""
         tok = self._require_tokenizer()
         if isinstance(input, str):
-            tokens, _ = self.to_tokens(input, prepend_bos=prepend_bos)
-            ids = tokens[0].tolist()
+            ids = self.to_tokens(input, prepend_bos=prepend_bos, move_to_device=False)[0].tolist()
         else:
             t = torch.as_tensor(input)
             if t.dim() > 1:
@@ -256,16 +262,6 @@ class BridgeCore(nn.Module, HookRegistry):
         return ids[0]
 
     # -- unembedding ---------------------------------------------------------------------------
-    @property
-    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:  # noqa: N802 (TransformerLens name)
-        """Unembedding matrix."""
-        return self.hf_model.get_output_embeddings().weight.T
-
-    @property
-    def b_U(self) -> Float[Tensor, "d_vocab"] | None:  # noqa: N802
-        """Unembedding bias, or None."""
-        return getattr(self.hf_model.get_output_embeddings(), "bias", None)
-
     @property
     def ln_final_weight(self) -> Float[Tensor, "d_model"]:
         """The final norm's effective weight γ (Gemma's stored ``w`` is used as ``1 + w``)."""
@@ -288,12 +284,15 @@ class BridgeCore(nn.Module, HookRegistry):
         attention_mask: Tensor | None = None,
         prepend_bos: bool | None = None,
         left_padded: bool = False,
+        padding_side: PaddingSide = "left",
     ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
         """Normalise any accepted input to ``(tokens [batch, pos], attention_mask [batch, pos])``.
 
-        A given ``attention_mask`` must be 0/1 (bool or integer, or float 0.0/1.0) with at least
-        one real token per row; ``left_padded=True`` (generation) also requires each row's padding
-        to come first.
+        Text is tokenized and left-padded. Token ids may come with a mask (``attention_mask=`` or a
+        ``(tokens, mask)`` pair); a given mask must be 0/1 (bool, integer, or float 0.0/1.0) with at
+        least one real token per row, and ``left_padded=True`` (generation) also requires each row's
+        padding to come first. Without a mask, leading pad tokens are taken as left padding
+        (TransformerLens' rule; HF's warning is shown).
 
         Example:
             >>> tokens, mask = model.prepare_input(["Hi", "Hello there"])
@@ -301,7 +300,11 @@ class BridgeCore(nn.Module, HookRegistry):
         if isinstance(input, str) or (isinstance(input, (list, tuple)) and input and isinstance(input[0], str)):
             if attention_mask is not None:
                 raise ValueError("`attention_mask` is only accepted with token inputs; text is padded for you.")
-            return self.to_tokens(input, prepend_bos=prepend_bos)
+            return self.to_tokens_and_mask(input, prepend_bos=prepend_bos, padding_side=padding_side)
+        if isinstance(input, tuple) and len(input) == 2 and all(isinstance(t, Tensor) for t in input):
+            if attention_mask is not None:
+                raise ValueError("Give the mask once: a `(tokens, mask)` pair or `attention_mask=`, not both.")
+            input, attention_mask = input
         if not isinstance(input, Tensor):
             raise TypeError(
                 f"`input` must be a str, a list of str, or a tensor of token ids [batch, pos]; got {describe(input)}."
@@ -319,6 +322,9 @@ class BridgeCore(nn.Module, HookRegistry):
         if low < 0 or high >= self.cfg.d_vocab:
             bad = low if low < 0 else high
             raise ValueError(f"`input` contains token id {bad}, outside the vocabulary [0, {self.cfg.d_vocab - 1}].")
+        if attention_mask is None:
+            pad = self._known_pad_id()
+            attention_mask = infer_attention_mask(tokens, pad, self.cfg.bos_token_id, self.cfg.default_prepend_bos)
         if attention_mask is None:
             attention_mask = torch.ones_like(tokens)
         else:
@@ -338,6 +344,7 @@ class BridgeCore(nn.Module, HookRegistry):
         past_key_values: Any = None,
         position_ids: Int[Tensor, "batch pos"] | None = None,
         logits_to_keep: int = 0,
+        **hf_kwargs: Any,
     ) -> Any:
         """One HF forward with ``ctx`` visible to hooks. The building block of forward and generate.
 
@@ -361,6 +368,7 @@ class BridgeCore(nn.Module, HookRegistry):
                     past_key_values=past_key_values,
                     use_cache=past_key_values is not None,
                     logits_to_keep=logits_to_keep,
+                    **hf_kwargs,
                 )
         finally:
             config._attn_implementation = users
@@ -373,19 +381,51 @@ class BridgeCore(nn.Module, HookRegistry):
         mask: Int[Tensor, "batch pos"],
         ctx: HookContext | None = None,
         logits_to_keep: int = 0,
-    ) -> Float[Tensor, "batch pos d_vocab"]:
+        stop_at_layer: int | None = None,
+        start_at_layer: int | None = None,
+        residual: Float[Tensor, "batch pos d_model"] | None = None,
+        **hf_kwargs: Any,
+    ) -> Any:
         """Logits for prepared tokens (see `prepare_input`); what `forward` and every caching run call.
 
         Padding positions (``cumsum(mask) - 1``) and the mask are passed only when ``mask`` has zeros,
         so an unpadded batch takes HF's own path. ``ctx`` defaults to a plain-forward context.
+        ``stop_at_layer=L`` returns the residual stream entering block ``L`` (``n_layers``: before
+        the final norm) without computing the rest; ``start_at_layer=K`` feeds ``residual`` into
+        block ``K``. With ``hf_kwargs`` (``output_hidden_states``) HF's output object is returned.
         """
         ctx = ctx or HookContext.from_mask(mask)
         padded = not bool(mask.all())
         positions = ctx.positions if padded else None
-        out = self.run_model(
-            tokens, mask if padded else None, ctx, position_ids=positions, logits_to_keep=logits_to_keep
-        )
-        return out.logits
+        n = self.cfg.n_layers
+        blocks = get_module(self.hf_model, self.adapter.blocks)
+        with contextlib.ExitStack() as stack:
+            if stop_at_layer is not None:
+                stop = check_layer(stop_at_layer, n, "stop_at_layer")
+                where = blocks[stop] if stop < n else get_module(self.hf_model, self.adapter.ln_final)
+                stack.enter_context(stop_before(where))
+            if start_at_layer is not None:
+                start = check_layer(start_at_layer, n, "start_at_layer")
+                if start == n:
+                    raise IndexError(f"`start_at_layer`={start_at_layer}: start at a block, 0..{n - 1}.")
+                stack.enter_context(start_at(blocks[start], residual))
+                stack.enter_context(self._starting_at(start))
+            try:
+                out = self.run_model(
+                    tokens, mask if padded else None, ctx, position_ids=positions, logits_to_keep=logits_to_keep,
+                    **hf_kwargs,
+                )  # fmt: skip
+            except StopForward as stopped:
+                return stopped.residual
+        return out if hf_kwargs else out.logits
+
+    @contextlib.contextmanager
+    def _starting_at(self, layer: int) -> Iterator[None]:
+        previous, self.start_layer = self.start_layer, layer
+        try:
+            yield
+        finally:
+            self.start_layer = previous
 
     def cache_forward(
         self,
@@ -396,6 +436,7 @@ class BridgeCore(nn.Module, HookRegistry):
         pos_slice: int | slice | Sequence[int] | None = None,
         ctx: HookContext | None = None,
         logits_to_keep: int = 0,
+        stop_at_layer: int | None = None,
     ) -> tuple[Float[Tensor, "batch pos d_vocab"], dict[str, Tensor]]:
         """The caching forward shared by `run_with_cache` and `generate(return_cache=True)`.
 
@@ -405,29 +446,107 @@ class BridgeCore(nn.Module, HookRegistry):
         store = CacheWriter(device, pos_slice)
         # no_grad, not inference_mode: inference tensors cannot meet parameters in autograd later.
         with self.hooks(fwd_hooks=[(n, store.hook) for n in names], read_only=True), torch.no_grad():
-            logits = self.forward_tokens(tokens, mask, ctx, logits_to_keep)
+            logits = self.forward_tokens(tokens, mask, ctx, logits_to_keep, stop_at_layer=stop_at_layer)
         return logits, store.tensors
 
+    @suggest_keywords
     def forward(
         self,
-        input: Input,
-        attention_mask: Int[Tensor, "batch pos"] | None = None,
-        return_type: Literal["logits", "loss", "both"] = "logits",
+        input: Input | None = None,
+        return_type: Literal["logits", "loss", "both"] | None = "logits",
+        loss_per_token: bool = False,
         prepend_bos: bool | None = None,
+        padding_side: PaddingSide | None = None,
+        start_at_layer: int | None = None,
+        tokens: Int[Tensor, "batch pos"] | None = None,
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        stop_at_layer: int | None = None,
+        *,
+        input_ids: Int[Tensor, "batch pos"] | None = None,
+        token_type_ids: Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
     ) -> Any:
-        """Logits ``[batch, pos, d_vocab]`` (or the mean next-token loss over real tokens).
+        """Logits ``[batch, pos, d_vocab]``, TransformerLens' ``forward`` with HF's keywords too.
+
+        ``input``: text (BOS per ``prepend_bos``, default ``cfg.default_prepend_bos``), a list of texts
+        (left-padded, or ``padding_side``), token ids (``input_ids=`` too, HF style, with
+        ``attention_mask``; ``**tokenizer(texts, return_tensors="pt", padding=True)`` works), or,
+        with ``start_at_layer=K``, the residual stream ``[batch, pos, d_model]`` entering block ``K``
+        (``tokens`` / ``attention_mask`` then give padding and the loss). ``return_type``: ``"logits"``,
+        ``"loss"`` (mean next-token loss over real tokens, ``[batch, pos - 1]`` with
+        ``loss_per_token``), ``"both"`` or ``None``. ``stop_at_layer=L`` returns the residual stream
+        entering block ``L`` without computing the rest (negative counts from the end;
+        ``n_layers``: before the final norm). ``output_hidden_states`` / ``output_attentions`` return
+        HF's output object (``.logits``, ``.hidden_states``, ``.attentions``, the latter read from
+        ``hook_pattern``).
 
         Example:
             >>> logits = model("The capital of France is")
+            >>> resid = model("The capital of France is", stop_at_layer=3)     # [1, pos, d_model]
+            >>> logits = model(resid, start_at_layer=3)
         """
-        if return_type not in ("logits", "loss", "both"):
-            raise ValueError(f"`return_type` must be 'logits', 'loss' or 'both', got {return_type!r}.")
-        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos)
-        logits = self.forward_tokens(tokens, mask)
+        if return_type not in ("logits", "loss", "both", None):
+            raise ValueError(f"`return_type` must be 'logits', 'loss', 'both' or None, got {return_type!r}.")
+        if input_ids is not None:
+            if input is not None:
+                raise ValueError("Give the tokens once: `input` or `input_ids`, not both.")
+            input = input_ids
+        if token_type_ids is not None and bool(token_type_ids.any()):
+            raise ValueError("`token_type_ids` must be all zeros (or None): decoder-only models take no segments.")
+        residual = None
+        if start_at_layer is not None:
+            residual, input = input, tokens
+            if not isinstance(residual, Tensor) or residual.dim() != 3 or residual.shape[-1] != self.cfg.d_model:
+                raise ValueError(
+                    f"With `start_at_layer`, `input` is the residual stream [batch, pos, {self.cfg.d_model}], got "
+                    f"{describe(residual)}."
+                )
+            if input is None:
+                input = torch.zeros(residual.shape[:2], dtype=torch.long, device=residual.device)
+        if input is None:
+            raise TypeError("forward() needs `input` (text or token ids) or `input_ids`.")
+        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side or "left")
+        hf_kwargs = {"output_hidden_states": True} if output_hidden_states else {}
+        patterns: dict[str, Tensor] = {}
+        with contextlib.ExitStack() as stack:
+            if output_attentions:
+                keep = CacheWriter(None)
+                stack.enter_context(self.hooks(fwd_hooks=[("pattern", keep.hook)], read_only=True))
+                patterns = keep.tensors
+            out = self.forward_tokens(
+                tokens, mask, stop_at_layer=stop_at_layer, start_at_layer=start_at_layer, residual=residual, **hf_kwargs
+            )
+        if stop_at_layer is not None or return_type is None:
+            return None if return_type is None and stop_at_layer is None else out
+        if output_hidden_states or output_attentions:
+            result = out if hf_kwargs else CausalLMOutputWithPast(logits=out)
+            if output_attentions:
+                result.attentions = tuple(patterns[f"blocks.{i}.attn.hook_pattern"] for i in range(self.cfg.n_layers))
+            return result
+        logits = out
         if return_type == "logits":
             return logits
-        loss = next_token_loss(logits, tokens, mask)
+        loss = next_token_losses(logits, tokens, mask) if loss_per_token else next_token_loss(logits, tokens, mask)
         return loss if return_type == "loss" else (logits, loss)
+
+    def input_to_embed(
+        self,
+        input: Input,
+        prepend_bos: bool | None = None,
+        padding_side: PaddingSide | None = None,
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+    ) -> tuple[Float[Tensor, "batch pos d_model"], Int[Tensor, "batch pos"], None, Int[Tensor, "batch pos"]]:
+        """TransformerLens' ``(residual, tokens, shortformer_pos_embed, attention_mask)``: the residual
+        stream entering block 0 (embedding, position embedding and Gemma's scaling included).
+
+        Example:
+            >>> residual, tokens, _, mask = model.input_to_embed("Hello")
+            >>> logits = model(residual, start_at_layer=0, tokens=tokens)
+        """
+        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side or "left")
+        residual = self.forward_tokens(tokens, mask, stop_at_layer=0)
+        return residual, tokens, None, mask
 
     def run_with_hooks(
         self,
@@ -466,8 +585,12 @@ class BridgeCore(nn.Module, HookRegistry):
         attention_mask: Int[Tensor, "batch pos"] | None = None,
         metric: Callable[[Tensor], Tensor] | None = None,
         prepend_bos: bool | None = None,
+        stop_at_layer: int | None = None,
     ) -> tuple[Float[Tensor, "batch pos d_vocab"], ActivationCache]:
         """Forward and cache activations: ``(logits, ActivationCache)``.
+
+        ``stop_at_layer=L`` stops before block ``L`` (nothing after it is computed, see `forward`) and
+        returns ``(residual stream entering block L, cache of what ran)``.
 
         Each activation is stored once (aliases such as ``resid_pre[l+1]`` / ``resid_post[l]``
         share storage) on ``device`` as it is produced; the model is never moved. Without
@@ -495,7 +618,11 @@ class BridgeCore(nn.Module, HookRegistry):
             store = CacheWriter(device, pos_slice)
             fwd = [(n, store.hook) for n in names]
             with self.hooks(fwd_hooks=fwd, bwd_hooks=[(n, store.grad_hook) for n in names], read_only=True):
-                logits = self.forward_tokens(tokens, mask)
+                logits = self.forward_tokens(tokens, mask, stop_at_layer=stop_at_layer)
+                if metric is None and stop_at_layer is not None:
+                    raise ValueError(
+                        "With `stop_at_layer`, give `metric` (the output is a residual stream, not logits)."
+                    )
                 target = metric(logits) if metric is not None else next_token_loss(logits, tokens, mask)
                 if not isinstance(target, Tensor) or target.numel() != 1:
                     raise ValueError(
@@ -508,113 +635,6 @@ class BridgeCore(nn.Module, HookRegistry):
                 target.reshape(()).backward()
             logits, tensors = logits.detach(), store.tensors
         else:
-            logits, tensors = self.cache_forward(tokens, mask, names, device, pos_slice)
+            logits, tensors = self.cache_forward(tokens, mask, names, device, pos_slice, stop_at_layer=stop_at_layer)
         cache = ActivationCache(tensors, self, attention_mask=mask.to(device or mask.device))
         return logits, (cache.remove_batch_dim() if remove_batch_dim else cache)
-
-
-class CacheWriter:
-    """Caching hook: stores each tensor once on ``device``; aliases of one tensor share storage."""
-
-    def __init__(self, device: torch.device | None, pos_slice: int | slice | Sequence[int] | None = None) -> None:
-        self.device = device
-        self.pos_slice = pos_slice
-        self.tensors: dict[str, Tensor] = {}
-        self._seen: dict[int, tuple[Any, Tensor]] = {}
-
-    def _store(self, key: str, tensor: Tensor) -> None:
-        hit = self._seen.get(id(tensor))
-        if hit is not None and hit[0]() is tensor:
-            self.tensors[key] = hit[1]
-            return
-        stored = tensor.detach()
-        if self.pos_slice is not None:
-            stored = _slice_positions(key, stored, self.pos_slice)
-        if self.device is not None:
-            stored = stored.to(self.device)
-        self._seen[id(tensor)] = (weakref.ref(tensor), stored)
-        self.tensors[key] = stored
-
-    def hook(self, tensor: Tensor, hook: HookPoint) -> None:
-        self._store(hook.name, tensor)
-
-    def grad_hook(self, grad: Tensor, hook: HookPoint) -> None:
-        self._store(hook.name + "_grad", grad)
-
-
-def _slice_positions(name: str, t: Tensor, pos_slice: int | slice | Sequence[int]) -> Tensor:
-    dim = 2 if name.endswith(("hook_pattern", "hook_attn_scores")) else 1
-    if isinstance(pos_slice, int):
-        return t.narrow(dim, pos_slice % t.shape[dim], 1)
-    if isinstance(pos_slice, slice):
-        index = [slice(None)] * t.dim()
-        index[dim] = pos_slice
-        return t[tuple(index)]
-    return t.index_select(dim, torch.as_tensor(list(pos_slice), device=t.device))
-
-
-def check_attention_mask(mask: Any, shape: torch.Size, left_padded: bool = False) -> Int[Tensor, "batch pos"]:
-    """A 0/1 mask of ``shape`` with a real token in every row (and only left padding if asked)."""
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"`attention_mask` must be a tensor [batch, pos] of 0/1, got {describe(mask)}.")
-    mask = mask[None] if mask.dim() == 1 else mask
-    if mask.shape != shape:
-        raise ValueError(f"`attention_mask` shape {tuple(mask.shape)} must equal the tokens' shape {tuple(shape)}.")
-    if mask.dtype.is_complex or mask.device.type == "meta":
-        raise TypeError(f"`attention_mask` must be a real 0/1 tensor, got dtype {mask.dtype} on {mask.device}.")
-    binary = (mask == 0) | (mask == 1)
-    checks = [binary.all(), (mask != 0).any(-1).all()]
-    if left_padded:
-        real = mask != 0
-        checks.append((real[:, 1:] >= real[:, :-1]).all())
-    ok = torch.stack(checks).tolist()  # one device sync
-    if not ok[0]:
-        bad = mask[~binary].flatten()[0].item()
-        raise ValueError(
-            f"`attention_mask` must hold only 0 (padding) and 1 (real token); it holds {bad!r}. Build it with "
-            "`(tokens != pad).long()` or take the tokenizer's."
-        )
-    if not ok[1]:
-        row = int((mask != 0).any(-1).logical_not().nonzero()[0])
-        raise ValueError(f"`attention_mask` row {row} is all padding; every row needs at least one real token.")
-    if left_padded and not ok[2]:
-        row = int((~(real[:, 1:] >= real[:, :-1]).all(-1)).nonzero()[0])
-        raise ValueError(
-            f"`attention_mask` row {row} is not left-padded ({mask[row].tolist()}); generation needs padding "
-            "before the tokens: tokenize with `padding_side='left'` (model.to_tokens does)."
-        )
-    return mask.long()
-
-
-def next_token_loss(
-    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"]
-) -> Float[Tensor, ""]:
-    """Mean cross-entropy of predicting each real token from the one before it."""
-    logprobs = logits[:, :-1].float().log_softmax(-1)
-    nll = -logprobs.gather(-1, tokens[:, 1:, None])[..., 0]
-    keep = (mask[:, 1:] * mask[:, :-1]).to(nll.dtype)
-    return (nll * keep).sum() / keep.sum().clamp_min(1)
-
-
-def _bridge_config(model: PreTrainedModel, adapter: Adapter) -> BridgeConfig:
-    c = model.config
-    n_heads = c.num_attention_heads
-    d_model = c.hidden_size
-    d_head = getattr(c, "head_dim", None) or d_model // n_heads
-    down = get_module(get_module(model, adapter.blocks)[0], adapter.mlp_down)
-    d_mlp = down.weight.shape[0] if adapter.conv1d else down.weight.shape[1]
-    parallel = bool(adapter.parallel_attn_mlp and getattr(c, adapter.parallel_attn_mlp, False))
-    return BridgeConfig(
-        model_type=c.model_type,
-        n_layers=c.num_hidden_layers,
-        d_model=d_model,
-        n_heads=n_heads,
-        n_kv_heads=getattr(c, "num_key_value_heads", None) or n_heads,
-        d_head=d_head,
-        d_mlp=d_mlp,
-        d_vocab=model.get_output_embeddings().weight.shape[0],
-        n_ctx=getattr(c, "max_position_embeddings", None),
-        parallel_attn_mlp=parallel,
-        gated_mlp=adapter.gated,
-        normalization=adapter.norm,
-    )

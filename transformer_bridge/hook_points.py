@@ -91,6 +91,9 @@ class HookPoint:
     def __init__(self, name: str, owner: "HookRegistry") -> None:
         self.name = name
         self._owner = owner
+        parts = name.split(".")
+        # Block index; model-level points before the blocks are -1, those after them are large.
+        self.layer_index = int(parts[1]) if parts[0] == "blocks" else (-1 if name.startswith("hook_") else 1 << 30)
         self.fwd_hooks: list[_Entry] = []
         self.bwd_hooks: list[_Entry] = []
 
@@ -119,6 +122,9 @@ class HookPoint:
         one did (a replacement, or ``tensor`` edited in place under a fresh alias), so a site
         knows when to write the activation back into the model.
         """
+        start = self._owner.start_layer
+        if start is not None and self.layer_index < start:
+            return tensor  # a layer before `start_at_layer`: it runs on a placeholder input
         for entry in list(self.fwd_hooks):
             if entry.read_only:
                 entry.fn(tensor, self)
@@ -245,6 +251,7 @@ class HookRegistry:
         self.hook_dict: dict[str, HookPoint] = {}
         self.names = HookNames([], 0)
         self.ctx: HookContext | None = None
+        self.start_layer: int | None = None  # set while a forward starts at a block (`start_at_layer`)
 
     # -- subclass interface ---------------------------------------------------------------
     def _sync(self, point: HookPoint) -> None:

@@ -31,12 +31,12 @@ def assert_equals_hf(model, tokens, mask, n, **kw):
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_beams_equal_hf(model, case):
-    tokens, mask = model.to_tokens(PROMPTS)
+    tokens, mask = model.to_tokens_and_mask(PROMPTS, padding_side="left")
     assert_equals_hf(model, tokens, mask, 7, **CASES[case])
 
 
 def test_beams_equal_hf_when_beams_end_at_eos(model):
-    tokens, mask = model.to_tokens(PROMPTS)
+    tokens, mask = model.to_tokens_and_mask(PROMPTS, padding_side="left")
     greedy = model.generate(tokens, attention_mask=mask, max_new_tokens=6, stop_at_eos=False, return_dict=True)
     eos = greedy.new_tokens[:2, 0].tolist()  # tokens some beams pick first
     # A negative length penalty favours short beams, so beams ending at EOS make it into the results.
@@ -49,7 +49,7 @@ def test_beams_equal_hf_when_beams_end_at_eos(model):
 
 def test_beam_sampling_equals_hf_with_the_same_global_seed():
     model = make_bridge("llama")
-    tokens, mask = model.to_tokens(PROMPTS)
+    tokens, mask = model.to_tokens_and_mask(PROMPTS, padding_side="left")
     torch.manual_seed(5)
     hf = model.hf_model.generate(tokens, attention_mask=mask, max_new_tokens=6, num_beams=3, do_sample=True,
                                  temperature=0.7, top_k=20)  # fmt: skip
@@ -60,7 +60,7 @@ def test_beam_sampling_equals_hf_with_the_same_global_seed():
 
 def test_beam_records_and_bad_options():
     model = make_bridge("gpt2")
-    tokens, mask = model.to_tokens(PROMPTS)
+    tokens, mask = model.to_tokens_and_mask(PROMPTS, padding_side="left")
     out = model.generate(tokens, attention_mask=mask, max_new_tokens=5, num_beams=3, return_dict=True)
     full = model(out.sequences, attention_mask=out.attention_mask).log_softmax(-1)
     expect = full[:, out.prompt_width - 1 : -1].gather(-1, out.new_tokens[..., None])[..., 0]
@@ -73,5 +73,5 @@ def test_beam_records_and_bad_options():
 
 @pytest.mark.real
 def test_smollm2_beams_equal_hf(smollm2):
-    tokens, mask = smollm2.to_tokens(["The capital of France is", "def add(a, b):"])
+    tokens, mask = smollm2.to_tokens_and_mask(["The capital of France is", "def add(a, b):"], padding_side="left")
     assert_equals_hf(smollm2, tokens, mask, 8, num_beams=3, num_return_sequences=2)

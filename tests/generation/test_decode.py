@@ -19,7 +19,7 @@ def model(request):
 
 
 def batch(model, prompts=PROMPTS):
-    return model.to_tokens(prompts)
+    return model.to_tokens_and_mask(prompts, padding_side="left")
 
 
 def new_tokens(out: GenerationOutput) -> list[list[int]]:
@@ -202,7 +202,7 @@ def test_return_types_follow_the_input():
     assert isinstance(text, str) and text.startswith("Hello")
     texts = model.generate(PROMPTS, max_new_tokens=4)
     assert isinstance(texts, list) and [t[: len(p)] for t, p in zip(texts, PROMPTS, strict=True)] == PROMPTS
-    tokens, _ = model.to_tokens("Hello")
+    tokens, _ = model.to_tokens_and_mask("Hello", padding_side="left")
     out = model.generate(tokens, max_new_tokens=4, stop_at_eos=False)
     assert isinstance(out, torch.Tensor) and out.shape == (1, tokens.shape[1] + 4)
     assert torch.equal(model.generate(tokens[0], max_new_tokens=4, stop_at_eos=False), out)
@@ -263,20 +263,6 @@ def test_token_ids_outside_the_vocabulary_raise():
 @pytest.mark.real
 def test_smollm2_greedy_equals_hf_single_and_batched(smollm2):
     prompts = ["The capital of France is", "def add(a, b):", "Once upon a time"]
-    tokens, mask = smollm2.to_tokens(prompts)
+    tokens, mask = smollm2.to_tokens_and_mask(prompts, padding_side="left")
     for t, m in [(tokens[:1, -6:], mask[:1, -6:]), (tokens, mask)]:
         assert torch.equal(smollm2.generate(t, attention_mask=m, max_new_tokens=12), hf_greedy(smollm2, t, m, 12))
-
-
-def test_generate_and_plan_share_one_option_list():
-    """`plan` takes every decoding option of `generate`, none with a default of its own."""
-    import inspect
-
-    from transformer_bridge.generation import generate, options
-
-    gen = inspect.signature(generate).parameters
-    plan = inspect.signature(options.plan).parameters
-    options = {n: p for n, p in plan.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    assert all(p.default is inspect.Parameter.empty for p in options.values())
-    generate_only = {"attention_mask", "return_type", "return_cache", "names_filter", "device", "prepend_bos"}
-    assert set(options) == set(gen) - {"model", "input"} - generate_only

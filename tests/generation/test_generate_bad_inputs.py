@@ -135,7 +135,7 @@ CASES = [
     ("names_filter_without_cache", gen(names_filter="resid_post"), ValueError, r"`names_filter`.*`return_cache=True`"),
     ("device_unknown", gen(return_cache=True, device="gpu9"), ValueError, r"`device`='gpu9'"),
     # the mask (checked by `prepare_input`; generation needs left padding)
-    ("mask_right_padded", gen(attention_mask=torch.tensor([[1, 1, 1, 0]])), ValueError,
+    ("mask_right_padded", gen(attention_mask=torch.tensor([[1, 0, 1, 1]])), ValueError,
      r"`attention_mask`.*left-padded"),
     ("mask_not_binary", gen(attention_mask=torch.tensor([[2, 1, 1, 1]])), ValueError, r"`attention_mask`.*2"),
     # unknown keywords name the closest valid one

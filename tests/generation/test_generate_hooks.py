@@ -19,7 +19,7 @@ def no_hooks_left(model) -> bool:
 
 
 def test_hooks_fire_at_prefill_and_every_decode_step_with_positions(model):
-    tokens, mask = model.to_tokens(PROMPTS)
+    tokens, mask = model.to_tokens_and_mask(PROMPTS, padding_side="left")
     lengths = mask.sum(-1)
     seen = []
 
@@ -55,7 +55,7 @@ def steer_at(position: int, scale: float = 50.0):
 
 
 def test_position_steering_is_the_same_with_and_without_kv_cache(model):
-    tokens, mask = model.to_tokens(PROMPTS)
+    tokens, mask = model.to_tokens_and_mask(PROMPTS, padding_side="left")
     kw = dict(attention_mask=mask, max_new_tokens=8, stop_at_eos=False, return_dict=True, output_logits=True)
     plain = model.generate(tokens, **kw)
     # Position 1 is in every prompt; position 4 is a prompt token of row 0 and a generated one of row 1.
@@ -71,7 +71,7 @@ def test_position_steering_is_the_same_with_and_without_kv_cache(model):
 
 @pytest.mark.parametrize("point", ["hook_k", "hook_v"])
 def test_kv_edits_at_prefill_persist_in_the_cache(model, point):
-    tokens, mask = model.to_tokens(PROMPTS)
+    tokens, mask = model.to_tokens_and_mask(PROMPTS, padding_side="left")
     kw = dict(attention_mask=mask, max_new_tokens=6, stop_at_eos=False, return_dict=True, output_logits=True)
 
     def shift_position_1(x, hook):  # x: [batch, pos, kv_head, d_head]; a shift survives Qwen3's k-norm
@@ -88,7 +88,7 @@ def test_kv_edits_at_prefill_persist_in_the_cache(model, point):
 
 def test_an_error_in_a_hook_mid_generation_leaves_the_model_clean():
     model = make_bridge("opt")
-    tokens, mask = model.to_tokens(PROMPTS)
+    tokens, mask = model.to_tokens_and_mask(PROMPTS, padding_side="left")
     before = model.generate(tokens, attention_mask=mask, max_new_tokens=6)
 
     def explode_at_step_3(x, hook):
@@ -116,7 +116,7 @@ def test_an_error_in_a_hook_mid_generation_leaves_the_model_clean():
 
 def test_hooks_see_every_beam_row():
     model = make_bridge("qwen3")
-    tokens, mask = model.to_tokens(PROMPTS[:2])
+    tokens, mask = model.to_tokens_and_mask(PROMPTS[:2], padding_side="left")
     rows = []
     with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: rows.append(hook.ctx.positions.clone()))]):
         model.generate(tokens, attention_mask=mask, max_new_tokens=4, num_beams=3, stop_at_eos=False)

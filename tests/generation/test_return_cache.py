@@ -30,7 +30,7 @@ def assert_same_cache(a: ActivationCache, b: ActivationCache) -> None:
 
 @pytest.mark.parametrize("rows", [1, 3])
 def test_cache_equals_run_with_cache_bitwise(model, rows):
-    tokens, mask = model.to_tokens(PROMPTS[:rows])
+    tokens, mask = model.to_tokens_and_mask(PROMPTS[:rows], padding_side="left")
     free = model.generate(tokens, attention_mask=mask, max_new_tokens=8, stop_at_eos=False, return_dict=True)
     eos = free.new_tokens[0, 2].item()  # row 0 stops early: the recompute sees right padding too
     out, cache = model.generate(tokens, attention_mask=mask, max_new_tokens=8, eos_token_id=eos,
@@ -45,7 +45,7 @@ def test_cache_equals_run_with_cache_bitwise(model, rows):
 
 
 def test_cache_under_steering_hooks_equals_run_with_cache_under_them(model):
-    tokens, mask = model.to_tokens(PROMPTS)
+    tokens, mask = model.to_tokens_and_mask(PROMPTS, padding_side="left")
     names = ["blocks.0.hook_resid_post", "blocks.1.attn.hook_pattern", "ln_final.hook_normalized"]
     with model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", steer)]):
         out, cache = model.generate(tokens, attention_mask=mask, max_new_tokens=6, return_dict=True,
@@ -73,7 +73,7 @@ def test_return_shapes_and_shared_storage():
 
 def test_cache_after_beam_search_and_use_cache_false():
     model = make_bridge("gemma2")
-    tokens, mask = model.to_tokens(PROMPTS[:2])
+    tokens, mask = model.to_tokens_and_mask(PROMPTS[:2], padding_side="left")
     for kw in [dict(num_beams=3, num_return_sequences=2), dict(use_cache=False)]:
         out, cache = model.generate(tokens, attention_mask=mask, max_new_tokens=5, return_dict=True,
                                     return_cache=True, names_filter="blocks.1.hook_mlp_out", **kw)  # fmt: skip
@@ -93,7 +93,7 @@ def test_bad_cache_arguments_raise_before_generating():
 
 @pytest.mark.real
 def test_smollm2_batched_cache_equals_run_with_cache(smollm2):
-    tokens, mask = smollm2.to_tokens(["The capital of France is", "Hi"])
+    tokens, mask = smollm2.to_tokens_and_mask(["The capital of France is", "Hi"], padding_side="left")
     names = ["blocks.5.hook_resid_post", "blocks.20.attn.hook_z"]
     out, cache = smollm2.generate(tokens, attention_mask=mask, max_new_tokens=6, return_dict=True,
                                   return_cache=True, names_filter=names)  # fmt: skip

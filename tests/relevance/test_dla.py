@@ -37,7 +37,7 @@ def test_dla_components_sum_to_the_logit(model, target):
     has_bias = any(lbl.startswith("bias:") for lbl in rel.labels)
     assert rel.kind == "components" and rel.scores.shape[1] == len(rel.labels)
     assert rel.labels[0] == "embed" and "L1H3" in rel.labels and f"L{n - 1}.mlp" in rel.labels
-    assert has_bias == (model.cfg.normalization == "layernorm" or model.b_U is not None)
+    assert has_bias == (model.cfg.normalization == "layernorm" or model.b_U_raw is not None)
     for i, step in enumerate(rel):
         want = logits[0, step.position - 1, step.token_id]
         if target != "logit":

@@ -128,7 +128,7 @@ def test_grad_x_input_matches_inseq():
     inseq = pytest.importorskip("inseq")
     model = make_bridge("gpt2")
     prompt = "Hello wor"
-    tokens, _ = model.to_tokens(prompt + "ld")
+    tokens, _ = model.to_tokens_and_mask(prompt + "ld", padding_side="left")
     rel = tiny_run(model, tokens, prompt_width=tokens.shape[1] - 2, cache=False).relevance_pass(method="grad_x_input")
     attrib = inseq.load_model(model.hf_model, "input_x_gradient", tokenizer=model.tokenizer)
     out = attrib.attribute(prompt, prompt + "ld", attributed_fn="logit", step_scores=[], show_progress=False)

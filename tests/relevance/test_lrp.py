@@ -107,7 +107,9 @@ def test_gemma2_softcap_rule_targets_the_capped_logit():
 
 @pytest.mark.real
 def test_cp_lrp_conserves_on_smollm2(smollm2):
-    tokens, mask = smollm2.to_tokens("The capital of France is Paris, and the capital of Italy is Rome")
+    tokens, mask = smollm2.to_tokens_and_mask(
+        "The capital of France is Paris, and the capital of Italy is Rome", padding_side="left"
+    )
     run = tiny_run(smollm2, tokens, prompt_width=tokens.shape[1] - 3, mask=mask, cache=False)
     rel = run.relevance_pass(method="cp_lrp")
     with torch.no_grad():

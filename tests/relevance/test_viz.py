@@ -17,7 +17,7 @@ from transformer_bridge.viz import label_legend, relevance_figure, relevance_htm
 @pytest.fixture(scope="module")
 def run():
     model = make_bridge("gpt2")
-    tokens, mask = model.to_tokens(["a <b> & c", "The capital of France is Paris"])
+    tokens, mask = model.to_tokens_and_mask(["a <b> & c", "The capital of France is Paris"], padding_side="left")
     return tiny_run(model, tokens, prompt_width=tokens.shape[1] - 3, mask=mask)
 
 

@@ -1,76 +1,92 @@
 """Generation: `generate(model, ...)`, a KV-cached loop over the HF model with hooks that know where they are.
 
-Modules: ``sampling.py`` (pure logits → token functions), ``processors.py`` (penalties, bans, biases),
-``options.py`` (every option validated once into a `Plan`), ``checks.py`` (argument errors that name
-the parameter), ``decode.py`` (prefill, decode steps, the loop, the ``return_cache`` recompute),
-``beams.py`` (beam search), ``stopping.py`` (EOS, stop strings, criteria, time), ``outputs.py``
-(`GenerationOutput`).
+Modules: ``keywords.py`` (the keywords `generate` takes; HF's it lacks, and what to use instead),
+``resolve.py`` (HF's and TransformerLens' keywords, generation configs and input forms, resolved once),
+``options.py`` (every option validated once into a `Plan`), ``sampling.py`` (pure logits → token
+functions), ``processors.py`` (penalties, bans, biases), ``decode.py`` (prefill, decode steps, the loop,
+the ``return_cache`` recompute), ``stream.py`` (`generate_stream`'s chunks), ``beams.py`` (beam search),
+``stopping.py`` (EOS, stop strings, criteria, time), ``outputs.py`` (`GenerationOutput`).
 """
 
-from collections.abc import Callable, Mapping, Sequence
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
+from transformers import GenerationConfig
 
 from ..cache import ActivationCache
-from ..checks import check_bool, check_device, describe, suggest_keywords
+from ..checks import check_int
 from ..core import BridgeCore, Input, NamesFilter
-from . import beams, decode, options
+from . import beams, decode, keywords, resolve, stream
 from .outputs import FINISH_REASONS, FinishReason, GenerationOutput
-from .sampling import sample, warp_logits
+from .sampling import draw, sample, warp_logits
 
-__all__ = ["FINISH_REASONS", "FinishReason", "GenerationOutput", "generate", "sample", "warp_logits"]
+__all__ = [
+    "FINISH_REASONS",
+    "FinishReason",
+    "GenerationOutput",
+    "draw",
+    "generate",
+    "generate_stream",
+    "sample",
+    "warp_logits",
+]
 
 Text = str | list[str]
+Prompt = Input | Mapping[str, Tensor] | None
 
 
 @overload
 def generate(
-    model,
-    input: Input,
-    max_new_tokens: int = ...,
-    *,
-    return_dict: Literal[False] = ...,
-    return_cache: Literal[False] = ...,
-    **kwargs: Any,
-) -> Text | Tensor: ...
+    model, input: Prompt = ..., max_new_tokens: int | None = ..., *, return_dict: Literal[False] = ...,
+    return_dict_in_generate: Literal[False] | None = ..., return_cache: Literal[False] = ..., **kwargs: Any,
+) -> Text | Tensor: ...  # fmt: skip
 @overload
 def generate(
-    model,
-    input: Input,
-    max_new_tokens: int = ...,
-    *,
-    return_dict: Literal[True],
-    return_cache: Literal[False] = ...,
-    **kwargs: Any,
-) -> GenerationOutput: ...
+    model, input: Prompt = ..., max_new_tokens: int | None = ..., *, return_dict: Literal[True],
+    return_cache: Literal[False] = ..., **kwargs: Any,
+) -> GenerationOutput: ...  # fmt: skip
 @overload
 def generate(
-    model,
-    input: Input,
-    max_new_tokens: int = ...,
-    *,
-    return_dict: Literal[False] = ...,
-    return_cache: Literal[True],
-    **kwargs: Any,
-) -> tuple[Text | Tensor, ActivationCache]: ...
+    model, input: Prompt = ..., max_new_tokens: int | None = ..., *, return_dict_in_generate: Literal[True],
+    return_cache: Literal[False] = ..., **kwargs: Any,
+) -> GenerationOutput: ...  # fmt: skip
 @overload
 def generate(
-    model, input: Input, max_new_tokens: int = ..., *, return_dict: Literal[True],
+    model, input: Prompt = ..., max_new_tokens: int | None = ..., *, return_dict: Literal[False] = ...,
+    return_dict_in_generate: Literal[False] | None = ..., return_cache: Literal[True], **kwargs: Any,
+) -> tuple[Text | Tensor, ActivationCache]: ...  # fmt: skip
+@overload
+def generate(
+    model, input: Prompt = ..., max_new_tokens: int | None = ..., *, return_dict: Literal[True],
+    return_cache: Literal[True], **kwargs: Any,
+) -> tuple[GenerationOutput, ActivationCache]: ...  # fmt: skip
+@overload
+def generate(
+    model, input: Prompt = ..., max_new_tokens: int | None = ..., *, return_dict_in_generate: Literal[True],
     return_cache: Literal[True], **kwargs: Any,
 ) -> tuple[GenerationOutput, ActivationCache]: ...  # fmt: skip
 
 
-@suggest_keywords
+@keywords.checked_keywords()
 @torch.no_grad()
 def generate(
     model: BridgeCore,
-    input: Input,
-    max_new_tokens: int = 20,
+    input: Prompt = None,
+    max_new_tokens: int | None = None,
     *,
+    inputs: Prompt = None,
+    input_ids: Tensor | None = None,
     attention_mask: Tensor | None = None,
-    use_cache: bool = True,
+    token_type_ids: Tensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    max_length: int | None = None,
+    min_new_tokens: int | None = None,
+    min_length: int | None = None,
+    use_cache: bool | None = None,
+    use_past_kv_cache: bool | None = None,
     do_sample: bool | None = None,
     temperature: float | None = None,
     top_k: int | None = None,
@@ -80,33 +96,37 @@ def generate(
     repetition_penalty: float | None = None,
     frequency_penalty: float | None = None,
     presence_penalty: float | None = None,
+    freq_penalty: float | None = None,
     no_repeat_ngram_size: int | None = None,
     bad_words_ids: Sequence[Sequence[int]] | None = None,
     logit_bias: Mapping[int, float] | None = None,
-    min_new_tokens: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     stop_at_eos: bool = True,
     pad_token_id: int | None = None,
     stop_strings: str | Sequence[str] | None = None,
+    tokenizer: Any = None,
     max_time: float | None = None,
     stopping_criteria: Sequence[Callable] | None = None,
     logits_processor: Sequence[Callable] | None = None,
-    num_return_sequences: int = 1,
-    num_beams: int = 1,
-    length_penalty: float = 1.0,
-    early_stopping: bool | str = False,
+    num_return_sequences: int | None = None,
+    num_beams: int | None = None,
+    length_penalty: float | None = None,
+    early_stopping: bool | str | None = None,
     seed: int | None = None,
     generator: torch.Generator | None = None,
     streamer: Any = None,
     verbose: bool = False,
     return_type: Literal["input", "str", "tokens"] = "input",
     return_dict: bool = False,
+    return_dict_in_generate: bool | None = None,
     top_logprobs: int = 0,
-    output_logits: bool = False,
+    output_logits: bool | None = None,
+    output_scores: bool | None = None,
     return_cache: bool = False,
     names_filter: NamesFilter = None,
     device: str | torch.device | None = None,
     prepend_bos: bool | None = None,
+    padding_side: Literal["left", "right"] | None = None,
 ) -> Any:
     """Generate up to ``max_new_tokens`` tokens per row with the model's KV cache.
 
@@ -116,14 +136,32 @@ def generate(
     (or a stop string / criterion); it is then frozen to the pad token, and the loop ends when
     every row has stopped.
 
+    HF's and TransformerLens' habits work unchanged: ``generate(**tokenizer(texts, return_tensors="pt",
+    padding=True), max_length=30)``, ``generation_config=GenerationConfig(...)``, ``output_scores``,
+    ``return_dict_in_generate``, ``use_past_kv_cache``, ``freq_penalty``. Every option a
+    ``GenerationConfig`` holds is resolved as HF resolves it: the keyword, else ``generation_config``'s
+    field, else ``model.hf_model.generation_config``'s, else the default below (a field left at
+    ``None`` does not override). Decoding is greedy unless asked otherwise (HF's default, not
+    TransformerLens' ``do_sample=True``).
+
     Args:
-        input: text, a list of texts (left-padded for you), or token ids ``[batch, pos]``.
+        input: text, a list of texts (left-padded for you), token ids ``[batch, pos]``, or a tokenizer's
+            output. Also as HF's ``inputs`` / ``input_ids``; none at all starts from BOS (as HF).
         max_new_tokens: tokens to generate per row at most (prompt + this must fit the context).
-        attention_mask: ``[batch, pos]`` with token input: 0 marks left padding.
+            Default: the configs', else 20 (fewer if the context ends first).
+        attention_mask: ``[batch, pos]`` with token input: 0 marks padding. Right-padded rows (a
+            tokenizer's default) are moved to left padding, which gives each row its tokens alone.
+        token_type_ids: accepted (and ignored) only when all 0: these models have no segments.
+        generation_config: an HF ``GenerationConfig``; its set fields override the model's, and keywords
+            override it. Fields this loop does not implement raise (the model's own only warn).
+        max_length, min_length: HF's total lengths (the padded prompt counts); ``max_new_tokens`` /
+            ``min_new_tokens`` win over them, with HF's warning.
         use_cache: ``False`` recomputes the whole sequence at each step (a slow reference).
+            ``use_past_kv_cache`` is TransformerLens' name for it.
         do_sample: sample instead of taking the argmax. ``None`` (default): sample exactly when a
-            sampling argument (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``) is
-            given. ``temperature=0`` is always greedy.
+            sampling argument (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
+            ``freq_penalty``) is given, else as the generation configs say (HF's default: greedy).
+            ``temperature=0`` is always greedy.
         temperature, top_k, top_p, min_p, typical_p: the warpers, applied in this order after the
             processors (HF's defaults: temperature 1, and top-k 50 when sampling unless
             ``top_k`` is given; ``top_k=0`` disables it). See `sample`.
@@ -131,10 +169,13 @@ def generate(
         bad_words_ids, logit_bias, min_new_tokens: logits processors (HF semantics; left padding
             is never penalised). ``logits_processor``: HF ``LogitsProcessor`` objects (or any
             ``f(input_ids, scores) -> scores``), run after them.
+        freq_penalty: TransformerLens' penalty when sampling: ``freq_penalty * count`` off each token's
+            temperature-scaled logit, counting the prompt and the generated tokens (padding never).
         eos_token_id: int or list; default: the model's (generation config, config, tokenizer).
             ``stop_at_eos=False`` ignores EOS.
-        pad_token_id: fills finished rows; default ``model.pad_token_id``.
-        stop_strings: stop a row once its generated text contains one of them.
+        pad_token_id: fills finished rows; default: the generation config's, else ``model.pad_token_id``.
+        stop_strings: stop a row once its generated text contains one of them (decoded with
+            ``tokenizer``, HF's keyword; default the bridge's).
         max_time: seconds; rows still running then stop (``finish_reason`` ``"max_time"``).
         stopping_criteria: HF ``StoppingCriteria`` objects or ``f(input_ids, scores) -> bool[batch]``.
         num_return_sequences: rows per prompt (beam search: the best beams, at most ``num_beams``).
@@ -147,11 +188,15 @@ def generate(
             tokens out ``[batch, pos]`` (prompt + generated); or force ``"str"`` / ``"tokens"``.
         return_dict: return a `GenerationOutput` (sequences, mask, prompt lengths, finish reasons,
             per-step log-probabilities). ``top_logprobs=k`` adds the ``k`` best alternatives per
-            step, ``output_logits=True`` the raw logits.
+            step, ``output_logits=True`` the raw logits ``[batch, new, d_vocab]``,
+            ``output_scores=True`` HF's ``scores``.
+        return_dict_in_generate: HF's ``return_dict``: the same `GenerationOutput`, with ``scores`` and
+            ``logits`` as HF lays them out (a tuple of ``[batch, d_vocab]`` per step).
         return_cache: also return an `ActivationCache` of prompt + generated tokens: one extra
             forward under the active hooks, equal bitwise to ``run_with_cache`` on the output.
             ``names_filter`` / ``device`` as in `run_with_cache`.
-        prepend_bos: for text input, as in `to_tokens`.
+        prepend_bos: for text input, as in `to_tokens`. ``padding_side``: TransformerLens' keyword,
+            accepted; generation always left-pads.
 
     Returns:
         The output (see ``return_type`` / ``return_dict``), or ``(output, cache)`` with
@@ -159,49 +204,24 @@ def generate(
 
     Raises:
         TypeError, ValueError: before any forward, for any invalid option; the message names the
-            parameter, the value and what is valid (an unknown keyword names the closest valid one).
-            Wrong types raise `ArgumentTypeError`, which is both. A ``logits_processor`` or
-            ``stopping_criteria`` entry whose output has the wrong type or shape raises at that step.
+            parameter, the value and what is valid (an unknown keyword names the closest valid one; an
+            HF keyword this loop lacks says what to use instead). Wrong types raise `ArgumentTypeError`,
+            which is both. A ``logits_processor`` or ``stopping_criteria`` entry whose output has the
+            wrong type or shape raises at that step.
 
     Example:
         >>> text = model.generate("The capital of France is", max_new_tokens=8)
         >>> out = model.generate(tokens, max_new_tokens=8, temperature=0.7, top_p=0.9, seed=0,
         ...                      return_dict=True, top_logprobs=5)
         >>> out.finish_reasons, out.logprobs.shape
+        >>> out = model.generate(**tokenizer(texts, return_tensors="pt", padding=True), max_new_tokens=8,
+        ...                      return_dict_in_generate=True, output_scores=True)
         >>> with model.hooks(fwd_hooks=[("blocks.3.hook_resid_post", steer)]):
         ...     tokens, cache = model.generate(tokens, max_new_tokens=8, return_cache=True,
         ...                                    names_filter=["blocks.3.hook_resid_post"])
     """
-    if not isinstance(return_type, str) or return_type not in ("input", "str", "tokens"):
-        raise ValueError(f"`return_type` must be 'input', 'str' or 'tokens', got {describe(return_type)}.")
-    check_bool("return_cache", return_cache)
-    if prepend_bos is not None:
-        check_bool("prepend_bos", prepend_bos)
-    if not return_cache and (names_filter is not None or device is not None):
-        raise ValueError("`names_filter` and `device` only apply with `return_cache=True`.")
-    names: list[str] = []
-    if return_cache:
-        device = check_device(device)
-        names = model.names_matching(names_filter)
-    text_in = isinstance(input, str) or (isinstance(input, (list, tuple)) and bool(input) and
-                                         isinstance(input[0], str))  # fmt: skip
-    tokens, mask = model.prepare_input(input, attention_mask, prepend_bos, left_padded=True)
-    if return_type == "str" or (return_type == "input" and text_in):
-        model._require_tokenizer()
-    p = options.plan(
-        model, tokens.shape[1], max_new_tokens=max_new_tokens, use_cache=use_cache, do_sample=do_sample,
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
-        repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
-        presence_penalty=presence_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-        bad_words_ids=bad_words_ids, logit_bias=logit_bias, min_new_tokens=min_new_tokens,
-        eos_token_id=eos_token_id, stop_at_eos=stop_at_eos, pad_token_id=pad_token_id,
-        stop_strings=stop_strings, max_time=max_time, stopping_criteria=stopping_criteria,
-        logits_processor=logits_processor, num_return_sequences=num_return_sequences, num_beams=num_beams,
-        length_penalty=length_penalty, early_stopping=early_stopping, seed=seed, generator=generator,
-        streamer=streamer, verbose=verbose, return_dict=return_dict, top_logprobs=top_logprobs,
-        output_logits=output_logits,
-    )  # fmt: skip
-
+    request = resolve.prepare(**locals())  # every argument above, by name
+    p, tokens, mask = request.plan, request.tokens, request.mask
     if p.num_beams > 1:
         out = beams.beam_search(model, tokens, mask, p)
     else:
@@ -210,19 +230,74 @@ def generate(
             mask = mask.repeat_interleave(p.num_return_sequences, dim=0)
         out = decode.generate(model, tokens, mask, p)
 
-    cache = decode.recompute_cache(model, out, names, device) if return_cache else None
-    if return_type == "str" or (return_type == "input" and text_in):
-        out.text = _texts(model, input if text_in else None, out, p.num_return_sequences)
-    if return_dict:
+    cache = decode.recompute_cache(model, out, request.names, request.device) if request.return_cache else None
+    if request.text_out:
+        out.text = _texts(model, request.prompts, out, p.num_return_sequences)
+    if request.hf_layout and isinstance(out.logits, Tensor):
+        out.logits = tuple(out.logits.unbind(1))
+    if request.return_dict:
         result: Any = out
     elif out.text is not None:
-        result = out.text[0] if isinstance(input, str) and len(out.text) == 1 else out.text
+        result = out.text[0] if request.single and len(out.text) == 1 else out.text
     else:
         result = out.sequences
-    return (result, cache) if return_cache else result
+    return (result, cache) if request.return_cache else result
 
 
-def _texts(model: BridgeCore, prompts: Input | None, out: GenerationOutput, n: int) -> list[str]:
+# `generate` options that make no sense for a stream, and what to do instead.
+_NOT_STREAMED = {
+    **{name: "a stream yields tokens, not records; call `generate(..., return_dict=True)` for them."
+       for name in ("return_dict", "return_dict_in_generate", "top_logprobs", "output_logits", "output_scores")},
+    **{name: "call `generate(..., return_cache=True)` for the cache of a generation."
+       for name in ("return_cache", "names_filter", "device")},
+    **{name: "beam search cannot stream (the best beam is known only at the end); call `generate`."
+       for name in ("num_beams", "length_penalty", "early_stopping")},
+    "streamer": "`generate_stream` is the stream; for an HF streamer, call `generate(..., streamer=...)`.",
+}  # fmt: skip
+_SIGNATURE = inspect.signature(generate).parameters
+_STREAM_DEFAULTS = {
+    name: param.default
+    for name, param in _SIGNATURE.items()
+    if param.kind is inspect.Parameter.KEYWORD_ONLY and name not in _NOT_STREAMED
+}
+_STREAM_FIXED = {name: _SIGNATURE[name].default for name in _NOT_STREAMED}
+
+
+@keywords.checked_keywords(["input", "max_new_tokens", "max_tokens_per_yield", *_STREAM_DEFAULTS], _NOT_STREAMED)
+@torch.no_grad()
+def generate_stream(
+    model: BridgeCore,
+    input: Prompt = None,
+    max_new_tokens: int | None = None,
+    *,
+    max_tokens_per_yield: int = 1,
+    **options: Any,
+) -> Iterator[Tensor | str | list[str]]:
+    """`generate`, yielding the tokens (or text) as they are chosen: TransformerLens' ``generate_stream``.
+
+    Takes `generate`'s decoding options (not its records, cache or beam search). Every option is
+    checked when this is called, before any forward; each chunk is then decoded when asked for, with
+    the hooks active at that moment. A chunk holds ``max_tokens_per_yield`` new tokens per row (the
+    last one the rest): token ids ``[batch, k]`` for token input (the pad token where a row has
+    finished), else each row's new text (a str for one text prompt, else a list). As in
+    TransformerLens, the first chunk starts with the prompt, so the chunks joined are `generate`'s
+    output: ``torch.cat(list(chunks), 1)`` for tokens, ``"".join(chunks)`` for one text.
+
+    Example:
+        >>> for piece in model.generate_stream("Once upon a time", max_new_tokens=32):
+        ...     print(piece, end="", flush=True)
+    """
+    every = check_int("max_tokens_per_yield", max_tokens_per_yield, minimum=1)
+    request = resolve.prepare(model, input, max_new_tokens, **{**_STREAM_DEFAULTS, **options}, **_STREAM_FIXED)
+    if request.plan.num_beams > 1:
+        raise ValueError(
+            f"`generate_stream` decodes one token per row and step, but the generation config sets "
+            f"`num_beams`={request.plan.num_beams}: {_NOT_STREAMED['num_beams']}"
+        )
+    return stream.chunks(model, request, every)
+
+
+def _texts(model: BridgeCore, prompts: list[str] | None, out: GenerationOutput, n: int) -> list[str]:
     """Prompt text as given + decoded completion per row; without prompt text, each row's real tokens decoded."""
     start = 0 if prompts is None else out.prompt_width
     rows = out.sequences[:, start:].tolist()
@@ -231,5 +306,4 @@ def _texts(model: BridgeCore, prompts: Input | None, out: GenerationOutput, n: i
                for row, keep in zip(rows, real, strict=True)]  # fmt: skip
     if prompts is None:
         return decoded
-    texts = [prompts] if isinstance(prompts, str) else list(prompts)
-    return [texts[i // n] + completion for i, completion in enumerate(decoded)]
+    return [prompts[i // n] + completion for i, completion in enumerate(decoded)]

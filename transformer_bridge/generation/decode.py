@@ -1,4 +1,5 @@
-"""The KV-cached decode loop: `prefill`, `decode_one_token`, `generate`, and the `return_cache` recompute.
+"""The KV-cached decode loop: `prefill`, `decode_one_token`, `decode_steps` (the loop, a generator that
+`generate` drains and `generate_stream` iterates), and the `return_cache` recompute.
 
 Read it top to bottom. Options are resolved once into a `Plan` (`options.plan`, which raises every
 argument error before any forward runs); the loop then only does tensor work plus one host sync per
@@ -12,6 +13,7 @@ Hooks see ``hook.ctx``: ``phase="prefill"`` (step 0, the whole prompt), then ``p
 a full forward over the sequence so far, so a hook sees every position again at every step.
 """
 
+from collections.abc import Generator
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -24,7 +26,7 @@ from ..core import BridgeCore
 from ..hook_points import HookContext
 from .options import Plan
 from .outputs import FINISH_REASONS, GenerationOutput
-from .sampling import sample
+from .sampling import draw, warp_logits
 from .stopping import MAX_TIME
 
 
@@ -79,19 +81,42 @@ def next_token(
     mask: Int[Tensor, "batch pos"],
     p: Plan,
 ) -> tuple[Int[Tensor, " batch"], Float[Tensor, "batch d_vocab"]]:
-    """Processors → temperature → top-k → top-p → min-p → typical-p → draw (or argmax)."""
+    """Processors → temperature → top-k → top-p → min-p → typical-p → draw (or argmax).
+
+    Returns the token and the scores it was chosen from (HF's ``scores``: processed, and warped when
+    sampling), which the stopping criteria and ``output_scores`` see.
+    """
     scores = logits.float()
     if p.processors:
         scores = p.processors(tokens, scores, mask)
     if p.greedy:
         return scores.argmax(-1), scores
-    return sample(scores, p.temperature, p.top_k, p.top_p, p.min_p, p.typical_p, p.generator), scores
+    scores = warp_logits(scores, p.temperature, p.top_k, p.top_p, p.min_p, p.typical_p)
+    return draw(scores, p.generator), scores
 
 
 def generate(
     model: BridgeCore, tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"], p: Plan
 ) -> GenerationOutput:
-    """Greedy or sampled decoding of a left-padded batch; finished rows are frozen to the pad token."""
+    """Greedy or sampled decoding of a left-padded batch: `decode_steps` run to the end."""
+    steps = decode_steps(model, tokens, mask, p)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value
+
+
+def decode_steps(
+    model: BridgeCore, tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"], p: Plan
+) -> Generator[tuple[Int[Tensor, " batch"], Int[Tensor, " batch"]], None, GenerationOutput]:
+    """The decode loop as a generator: yields each step's tokens as soon as they are chosen, returns the output.
+
+    Each yield is ``(token [batch], real [batch])``: a finished row gets the pad token and ``real`` 0
+    (a view of the output's attention mask). Finished rows are frozen to the pad token; the loop ends
+    when every row has stopped. `generate_stream` iterates it: the next forward runs only when the
+    next token is asked for.
+    """
     batch, width = tokens.shape
     total = width + p.max_new_tokens
     seq = tokens.new_full((batch, total), p.pad_token_id)
@@ -114,7 +139,7 @@ def generate(
         for i in steps:
             cur = width + i
             token, scores = next_token(logits, seq[:, :cur], full_mask[:, :cur], p)
-            records.add(logits, token)
+            records.add(logits, scores, token)
             token = token.masked_fill(done, p.pad_token_id)
             seq[:, cur] = token
             full_mask[:, cur] = ~done
@@ -126,6 +151,7 @@ def generate(
                 done |= newly
             if p.streamer is not None:
                 p.streamer.put(token.cpu())
+            yield token, full_mask[:, cur]
             n_new = i + 1
             if n_new == p.max_new_tokens or (p.stopping.per_row and bool(done.all())):
                 break
@@ -193,7 +219,7 @@ def _last_logits(
 
 
 class _Records:
-    """Per-step log-probabilities / top-k / logits, kept only when asked for.
+    """Per-step log-probabilities / top-k / logits / scores, kept only when asked for.
 
     One entry per step actually run, stacked at the end: a batch whose rows all stop at step 3 of
     ``max_new_tokens=8000`` holds 3 steps of logits, not 8000 preallocated ones.
@@ -201,12 +227,19 @@ class _Records:
 
     def __init__(self, p: Plan) -> None:
         self.on, self.k, self.keep_logits = p.record, p.top_logprobs, p.record and p.output_logits
+        self.keep_scores = p.record and p.output_scores
         self.logprobs: list[Tensor] = []
         self.top_values: list[Tensor] = []
         self.top_ids: list[Tensor] = []
         self.logits: list[Tensor] = []
+        self.scores: list[Tensor] = []
 
-    def add(self, logits: Float[Tensor, "batch d_vocab"], token: Int[Tensor, " batch"]) -> None:
+    def add(
+        self,
+        logits: Float[Tensor, "batch d_vocab"],
+        scores: Float[Tensor, "batch d_vocab"],
+        token: Int[Tensor, " batch"],
+    ) -> None:
         if not self.on:
             return
         logprobs = logits.float().log_softmax(-1)
@@ -217,6 +250,8 @@ class _Records:
             self.top_ids.append(ids)
         if self.keep_logits:
             self.logits.append(logits.float())
+        if self.keep_scores:
+            self.scores.append(scores)
 
     def finish(self, out: GenerationOutput) -> GenerationOutput:
         """Stack the steps run and zero the steps after a row finished."""
@@ -229,6 +264,8 @@ class _Records:
             out.top_tokens = _stacked(self.top_ids, real[..., None])
         if self.keep_logits:
             out.logits = _stacked(self.logits, real[..., None])
+        if self.keep_scores:
+            out.scores = tuple(_stacked(self.scores, real[..., None]).unbind(1))  # HF's layout: one per step
         return out
 
 
@@ -236,7 +273,7 @@ def _stacked(steps: list[Tensor], real: Bool[Tensor, "batch new ..."]) -> Tensor
     """``[batch, new, ...]`` from one tensor per step, zero where ``real`` is False; frees the list."""
     out = torch.stack(steps, dim=1)
     steps.clear()
-    return out.mul_(real)
+    return out.masked_fill_(~real, 0)  # not a product: scores hold -inf, and -inf * 0 is nan
 
 
 def _progress(p: Plan) -> AbstractContextManager:

@@ -18,11 +18,11 @@ from torch import Tensor
 
 from ..checks import ArgumentTypeError, check_bool, check_int, describe, is_int, is_real
 from ..core import BridgeCore
-from .processors import ProcessorList, build_processors
+from .processors import FrequencyPresencePenalty, ProcessorList, build_processors
 from .sampling import validate_sampling_args
 from .stopping import Stopping
 
-SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "typical_p")
+SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "freq_penalty")
 HF_DEFAULT_TOP_K = 50  # HF's GenerationConfig applies top-k 50 when sampling unless told otherwise.
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes a uint64
 
@@ -51,6 +51,7 @@ class Plan:
     record: bool
     top_logprobs: int
     output_logits: bool
+    output_scores: bool
     streamer: Any
     verbose: bool
 
@@ -61,7 +62,7 @@ def plan(
     *,
     max_new_tokens: int,
     use_cache: bool,
-    do_sample: bool | None,
+    do_sample: bool,
     temperature: float | None,
     top_k: int | None,
     top_p: float | None,
@@ -70,6 +71,7 @@ def plan(
     repetition_penalty: float | None,
     frequency_penalty: float | None,
     presence_penalty: float | None,
+    freq_penalty: float | None,
     no_repeat_ngram_size: int | None,
     bad_words_ids: Sequence[Sequence[int]] | None,
     logit_bias: Mapping[int, float] | None,
@@ -78,6 +80,7 @@ def plan(
     stop_at_eos: bool,
     pad_token_id: int | None,
     stop_strings: str | Sequence[str] | None,
+    tokenizer: Any,
     max_time: float | None,
     stopping_criteria: Sequence[Callable] | None,
     logits_processor: Sequence[Callable] | None,
@@ -92,18 +95,22 @@ def plan(
     return_dict: bool,
     top_logprobs: int,
     output_logits: bool,
+    output_scores: bool,
 ) -> Plan:
     """Validate and resolve `generate`'s options; raises naming the parameter (see the module docstring).
 
-    Every option is required here: the defaults live in `generate`'s signature only.
+    Every option is required here, already resolved (`resolve.prepare`: HF's generation configs, the
+    HF / TransformerLens spellings and `generate`'s defaults): ``do_sample`` is a bool, the lengths
+    are counts of new tokens.
     """
     start = time.perf_counter()
     d_vocab = model.cfg.d_vocab
     for name, flag in [("use_cache", use_cache), ("stop_at_eos", stop_at_eos), ("verbose", verbose),
-                       ("return_dict", return_dict), ("output_logits", output_logits)]:  # fmt: skip
+                       ("return_dict", return_dict), ("output_logits", output_logits),
+                       ("output_scores", output_scores)]:  # fmt: skip
         check_bool(name, flag)
     max_new_tokens = _max_new_tokens(max_new_tokens, prompt_width, model.cfg.n_ctx)
-    greedy, sampling = _sampling(do_sample, temperature, top_k, top_p, min_p, typical_p)
+    greedy, sampling, freq_penalty = _sampling(do_sample, temperature, top_k, top_p, min_p, typical_p, freq_penalty)
     num_beams = check_int("num_beams", num_beams, minimum=1)
     num_return_sequences = _num_return_sequences(num_return_sequences, num_beams, greedy)
     if not is_real(length_penalty) or not math.isfinite(length_penalty):
@@ -112,23 +119,27 @@ def plan(
     if not (isinstance(early_stopping, bool) or early_stopping == "never"):
         raise ValueError(f"`early_stopping` must be True, False or 'never', got {describe(early_stopping)}.")
     top_logprobs = check_int("top_logprobs", top_logprobs, minimum=0, maximum=d_vocab, hint="0 records none.")
-    if (top_logprobs or output_logits) and not return_dict:
-        raise ValueError("`top_logprobs` and `output_logits` are `GenerationOutput` records: add `return_dict=True`.")
-    _check_streamer(streamer)
-    if num_beams > 1 and (top_logprobs or output_logits or streamer is not None):
+    if (top_logprobs or output_logits or output_scores) and not return_dict:
         raise ValueError(
-            "Beam search records `logprobs` and `sequences_scores` only: `top_logprobs`, `output_logits` and "
-            "`streamer` need `num_beams=1`."
+            "`top_logprobs`, `output_logits` and `output_scores` are `GenerationOutput` records: add "
+            "`return_dict=True` (or HF's `return_dict_in_generate=True`)."
+        )
+    _check_streamer(streamer)
+    if num_beams > 1 and (top_logprobs or output_logits or output_scores or streamer is not None):
+        raise ValueError(
+            "Beam search records `logprobs` and `sequences_scores` only: `top_logprobs`, `output_logits`, "
+            "`output_scores` and `streamer` need `num_beams=1`."
         )
 
     eos = _eos_ids(model, eos_token_id)
     eos = eos if stop_at_eos else []
     pad = _token("pad_token_id", model.pad_token_id if pad_token_id is None else pad_token_id, d_vocab)
+    tokenizer = model.tokenizer if tokenizer is None else tokenizer
     stopping = Stopping(
         eos,
         prompt_width,
-        _stop_strings(stop_strings, model.tokenizer),
-        model.tokenizer,
+        _stop_strings(stop_strings, tokenizer),
+        tokenizer,
         _criteria(stopping_criteria),
         _max_time(max_time),
         start,
@@ -146,6 +157,10 @@ def plan(
         min_new_tokens=min_new_tokens,
         logits_processor=logits_processor,
     )
+    if freq_penalty:
+        # TransformerLens subtracts `freq_penalty * count` after dividing by the temperature; subtracting
+        # `freq_penalty * temperature * count` before it is the same, and keeps the warpers pure.
+        processors.append(FrequencyPresencePenalty(freq_penalty * sampling["temperature"], 0.0, prompt_length=0))
     return Plan(
         max_new_tokens=max_new_tokens,
         greedy=greedy,
@@ -163,6 +178,7 @@ def plan(
         record=return_dict,
         top_logprobs=top_logprobs,
         output_logits=output_logits,
+        output_scores=output_scores,
         streamer=streamer,
         verbose=verbose,
     )
@@ -182,25 +198,31 @@ def _max_new_tokens(max_new_tokens: object, prompt_width: int, n_ctx: int | None
 
 
 def _sampling(
-    do_sample: bool | None,
+    do_sample: bool,
     temperature: float | None,
     top_k: int | None,
     top_p: float | None,
     min_p: float | None,
     typical_p: float | None,
-) -> tuple[bool, dict[str, Any]]:
-    """Whether decoding is greedy, and the warpers' values (HF's defaults filled in)."""
-    if do_sample is not None:
-        check_bool("do_sample", do_sample)
-    values = (temperature, top_k, top_p, min_p, typical_p)
+    freq_penalty: float | None,
+) -> tuple[bool, dict[str, Any], float]:
+    """Whether decoding is greedy, the warpers' values (HF's defaults filled in), and TL's ``freq_penalty``."""
+    check_bool("do_sample", do_sample)
+    values = (temperature, top_k, top_p, min_p, typical_p, freq_penalty)
     given = {k: v for k, v in zip(SAMPLING_ARGS, values, strict=True) if v is not None}
-    if do_sample is None:
-        do_sample = bool(given)
-    elif not do_sample and given:
+    if not do_sample and given:
         warnings.warn(
             f"`do_sample=False` decodes greedily, so {sorted(given)} have no effect. Drop `do_sample` (it then "
             "follows from the sampling arguments) or pass `do_sample=True`.",
-            stacklevel=6,  # _sampling ← plan ← generate ← torch.no_grad's wrapper ← suggest_keywords ← the caller
+            # _sampling ← plan ← resolve.prepare ← generate ← torch.no_grad's wrapper ← the keyword check ← the caller
+            stacklevel=7,
+        )
+    if freq_penalty is not None and (not is_real(freq_penalty) or not 0 <= freq_penalty < math.inf):
+        error = ValueError if is_real(freq_penalty) else ArgumentTypeError
+        raise error(
+            f"`freq_penalty` must be a finite float >= 0 (TransformerLens' penalty: `freq_penalty * count` off "
+            f"each token's logit, prompt included), got {describe(freq_penalty)}. 0 disables it; for OpenAI's "
+            "signed penalty over generated tokens use `frequency_penalty`."
         )
     temperature = 1.0 if temperature is None else temperature
     if do_sample and top_k is None:
@@ -213,7 +235,8 @@ def _sampling(
         min_p=None if min_p is None else float(min_p),
         typical_p=None if typical_p is None else float(typical_p),
     )
-    return not do_sample or temperature == 0, warpers
+    greedy = not do_sample or temperature == 0
+    return greedy, warpers, 0.0 if greedy or freq_penalty is None else float(freq_penalty)
 
 
 def _num_return_sequences(n: object, num_beams: int, greedy: bool) -> int:

@@ -1,4 +1,5 @@
-"""What `generate(..., return_dict=True)` returns: the sequences and, when asked, per-step records."""
+"""What `generate(..., return_dict=True)` (or HF's ``return_dict_in_generate=True``) returns: the sequences and,
+when asked, per-step records."""
 
 from dataclasses import dataclass
 from typing import Literal
@@ -13,7 +14,7 @@ FINISH_REASONS: tuple[FinishReason, ...] = ("length", "eos", "stop_string", "max
 
 @dataclass
 class GenerationOutput:
-    """Result of `generate(..., return_dict=True)`.
+    """Result of `generate(..., return_dict=True)` or `generate(..., return_dict_in_generate=True)`.
 
     Rows are the prompts (times ``num_return_sequences``). ``sequences`` is the left-padded prompt
     (``prompt_width`` columns) followed by the generated tokens; a row that finished early is filled
@@ -33,7 +34,12 @@ class GenerationOutput:
             truncation). With ``return_dict=True``.
         top_logprobs: ``[batch, new, k]`` the ``k`` best log-probabilities at each step, with
             ``top_tokens`` their token ids (``top_logprobs=k``).
-        logits: ``[batch, new, d_vocab]`` raw logits of each step (``output_logits=True``).
+        logits: ``[batch, new, d_vocab]`` raw logits of each step (``output_logits=True``). With HF's
+            ``return_dict_in_generate=True``, HF's layout instead: a tuple of ``[batch, d_vocab]``, one
+            per step.
+        scores: HF's ``output_scores=True``: a tuple of ``[batch, d_vocab]``, one per step, the scores
+            the token was chosen from (after the processors and, when sampling, the warpers; ``-inf``
+            where a token was removed), as HF's ``GenerateDecoderOnlyOutput.scores``.
         sequences_scores: ``[batch]`` beam search: the length-penalised score of each returned beam.
         text: the decoded strings when the input was text (what the default return gives).
 
@@ -51,7 +57,8 @@ class GenerationOutput:
     logprobs: Float[Tensor, "batch new"] | None = None
     top_logprobs: Float[Tensor, "batch new k"] | None = None
     top_tokens: Int[Tensor, "batch new k"] | None = None
-    logits: Float[Tensor, "batch new d_vocab"] | None = None
+    logits: Float[Tensor, "batch new d_vocab"] | tuple[Float[Tensor, "batch d_vocab"], ...] | None = None
+    scores: tuple[Float[Tensor, "batch d_vocab"], ...] | None = None
     sequences_scores: Float[Tensor, " batch"] | None = None
     text: list[str] | None = None
 

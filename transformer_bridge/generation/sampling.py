@@ -33,7 +33,7 @@ from torch import Tensor
 
 from ..checks import ArgumentTypeError, check_int, describe, is_real
 
-__all__ = ["greedy", "sample", "validate_sampling_args", "warp_logits"]
+__all__ = ["draw", "greedy", "sample", "validate_sampling_args", "warp_logits"]
 
 _FILTER_VALUE = -math.inf
 
@@ -170,9 +170,22 @@ def sample(
     """
     if temperature == 0:
         return greedy(logits)
-    scores = warp_logits(logits, temperature, top_k, top_p, min_p, typical_p)
-    probs = torch.softmax(scores, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return draw(warp_logits(logits, temperature, top_k, top_p, min_p, typical_p), generator)
+
+
+def draw(scores: Float[Tensor, "batch d_vocab"], generator: torch.Generator | None = None) -> Int[Tensor, " batch"]:
+    """Draw one token per row from ``softmax(scores)``: HF's draw (``torch.multinomial``, one sample).
+
+    The decode loop calls ``draw(warp_logits(...))``, which is :func:`sample` keeping the warped scores
+    (HF's ``output_scores``). ``generator=None`` uses the global RNG exactly as HF's ``generate`` does.
+
+    Example::
+
+        >>> import torch
+        >>> draw(torch.tensor([[0.0, -math.inf, -math.inf]])).tolist()
+        [0]
+    """
+    return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(-1)
 
 
 def _top_k(scores: Float[Tensor, "batch d_vocab"], top_k: int) -> Float[Tensor, "batch d_vocab"]:

@@ -30,8 +30,8 @@ class Stopping:
     its generated text (the prompt is not searched) contains one of them; the token that completes
     the string is kept, nothing is cut. ``criteria``: HF ``StoppingCriteria`` objects or any
     ``f(input_ids, scores) -> bool | BoolTensor[batch]``, called with the padded sequences so far
-    and the processed scores of the step. ``max_time``: seconds from ``start`` after which every
-    running row stops (checked between steps).
+    and the scores of the step (HF's: processed, and warped when sampling). ``max_time``: seconds
+    from ``start`` after which every running row stops (checked between steps).
 
     Example:
         >>> stop = Stopping(eos_token_ids=[0], prompt_width=1)

@@ -3,9 +3,9 @@
 What it computes: the final residual stream at the predicting position is a sum of components
 (embedding, position embedding, each head's output, each layer's attention-output bias, each MLP's
 output). The final norm is linear once its scale is fixed, so each component is (centred for
-LayerNorm and) divided by the *cached* ``ln_final`` scale, then projected on ``γ ⊙ W_U[:, t]``
+LayerNorm and) divided by the *cached* ``ln_final`` scale, then projected on ``γ ⊙ W_U_raw[:, t]``
 (minus the contrast token's direction for ``("logit_diff", c)``). Two bias terms complete the sum:
-``bias:ln_final`` = ``β · W_U[:, t]`` (LayerNorm families) and ``bias:unembed`` = ``b_U[t]``. The
+``bias:ln_final`` = ``β · W_U_raw[:, t]`` (LayerNorm families) and ``bias:unembed`` = ``b_U_raw[t]``. The
 components then sum to the token's logit up to float rounding; for Gemma 2 to the logit before the
 final soft-cap, with each head's output passed through the post-attention norm at its cached scale
 (``blocks.L.ln1_post.hook_scale``: the norm is linear once its scale is fixed, like the final one).
@@ -120,7 +120,7 @@ def _bias_terms(model: BridgeCore, ids: Tensor, target: Target) -> tuple[Tensor,
         read = w[ids] - (w[target.contrast] if target.kind == "logit_diff" else 0.0)
         rows.append(read @ beta.detach().float())
         labels.append("bias:ln_final")
-    b_u = model.b_U
+    b_u = getattr(model.hf_model.get_output_embeddings(), "bias", None)  # the raw bias, `b_U_raw`
     if b_u is not None:
         b = b_u.detach().float()
         rows.append(b[ids] - (b[target.contrast] if target.kind == "logit_diff" else 0.0))

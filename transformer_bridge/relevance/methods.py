@@ -91,7 +91,7 @@ def explain(
 
     Example:
         >>> from transformer_bridge.relevance import explain, explained_from_positions
-        >>> tokens, mask = model.to_tokens("The capital of France is Paris")
+        >>> tokens, mask = model.to_tokens_and_mask("The capital of France is Paris", padding_side="left")
         >>> rel = explain(model, tokens, mask, explained_from_positions(tokens, mask, [(0, tokens.shape[1] - 1)]))
         >>> rel[0].top(3)
     """

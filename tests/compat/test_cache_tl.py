@@ -1,0 +1,290 @@
+"""TransformerLens `ActivationCache` analysis on every family, against identities and the bridge's own hooks.
+
+Decompositions must sum to the residual they decompose; heads computed from ``hook_z`` must equal the
+bridge's ``hook_result``; neurons must sum to ``hook_mlp_out`` minus ``b_out``. Every parameter is
+perturbed first (HF initialises biases to 0 and norm weights to 1, which would hide a missing term).
+"""
+
+import pytest
+import torch
+from conftest import CONFIGS, FAMILIES, V, char_tokenizer
+from transformers import AutoModelForCausalLM
+
+from transformer_bridge import TransformerBridge, utils
+from transformer_bridge.sites import get_module
+
+TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(3))
+TOL = dict(atol=2e-5, rtol=1e-5)
+
+
+def make(family: str, **config) -> TransformerBridge:
+    cfg = CONFIGS[family]()
+    for key, value in config.items():
+        setattr(cfg, key, value)
+    torch.manual_seed(0)
+    model = TransformerBridge(AutoModelForCausalLM.from_config(cfg).eval(), char_tokenizer())
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.hf_model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def run(request):
+    model = make(request.param)
+    return model, model.run_with_cache(TOKENS)[1]
+
+
+def resid_into(model, cache, layer: int, mlp_input: bool = False) -> torch.Tensor:
+    n = model.cfg.n_layers
+    if layer == n:
+        return cache["resid_post", n - 1]
+    return cache["resid_mid" if mlp_input and not model.cfg.parallel_attn_mlp else "resid_pre", layer]
+
+
+def test_full_decomposition_sums_to_the_residual(run):
+    model, cache = run
+    n, heads, d_mlp = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_mlp
+    embeds = ["embed", "pos_embed"] if "hook_pos_embed" in model.hook_dict else ["embed"]
+    for layer in range(n + 1):
+        for mlp_input in (False, True) if layer < n else (False,):
+            stack, labels = cache.get_full_resid_decomposition(layer, mlp_input=mlp_input, return_labels=True)
+            torch.testing.assert_close(stack.sum(0), resid_into(model, cache, layer, mlp_input), **TOL)
+            attn_layers = layer + (mlp_input and not model.cfg.parallel_attn_mlp)
+            assert labels[: attn_layers * heads] == [f"L{i}H{h}" for i in range(attn_layers) for h in range(heads)]
+            assert labels[attn_layers * heads :] == [
+                *(f"L{i}N{j}" for i in range(layer) for j in range(d_mlp)),
+                *embeds,
+                "bias",
+            ]
+            mlps, labels = cache.get_full_resid_decomposition(
+                layer, mlp_input, expand_neurons=False, return_labels=True
+            )
+            torch.testing.assert_close(mlps.sum(0), resid_into(model, cache, layer, mlp_input), **TOL)
+            assert [lab for lab in labels if "mlp" in lab] == [f"{i}_mlp_out" for i in range(layer)]
+    normed = cache.get_full_resid_decomposition(apply_ln=True)
+    torch.testing.assert_close(normed.sum(0), cache["ln_final.hook_normalized"], atol=1e-4, rtol=1e-4)
+    last = cache.get_full_resid_decomposition(1, pos_slice=-1)
+    torch.testing.assert_close(last, cache.get_full_resid_decomposition(1)[:, :, -1:])
+
+
+@pytest.mark.parametrize("family, config", [("llama", dict(attention_bias=True, mlp_bias=True)),
+                                            ("gemma2", dict(attention_bias=True))])  # fmt: skip
+def test_bias_row_with_output_biases(family, config):
+    """Biases on o_proj / down_proj, and (Gemma 2) a bias that enters the stream through a sandwich norm."""
+    model = make(family, **config)
+    _, cache = model.run_with_cache(TOKENS)
+    stack, labels = cache.get_full_resid_decomposition(return_labels=True)
+    torch.testing.assert_close(stack.sum(0), cache["resid_post", -1], **TOL)
+    blocks = get_module(model.hf_model, model.adapter.blocks)
+    b_o = [get_module(b, model.adapter.o_proj).bias for b in blocks]
+    b_out = [get_module(b, model.adapter.mlp_down).bias for b in blocks]
+    expected = b_o[0] + b_o[1] + (b_out[0] + b_out[1] if family == "llama" else 0)
+    torch.testing.assert_close(cache.accumulated_bias(None), expected)
+    torch.testing.assert_close(cache.accumulated_bias(1, mlp_input=True, include_mlp_biases=False), b_o[0] + b_o[1])
+    if family == "llama":  # no sandwich norm: the bias row is the accumulated bias at every position
+        torch.testing.assert_close(stack[labels.index("bias")], expected.expand_as(stack[0]))
+
+
+def test_accumulated_bias_is_zero_without_biases():
+    model = make("llama")
+    _, cache = model.run_with_cache(TOKENS, names_filter="blocks.0.hook_resid_pre")
+    assert torch.equal(cache.accumulated_bias(-1), torch.zeros(model.cfg.d_model))
+
+
+def test_heads_from_z_equal_the_bridge_hook_result(run):
+    model, cache = run
+    heads, labels = cache.stack_head_results(return_labels=True)
+    assert labels == [f"L{i}H{h}" for i in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
+    _, z_only = model.run_with_cache(TOKENS, names_filter=lambda n: "hook_z" in n or "scale" in n)
+    torch.testing.assert_close(z_only.stack_head_results(), heads, atol=1e-6, rtol=1e-6)
+    z_only.compute_head_results()
+    for layer in range(model.cfg.n_layers):
+        torch.testing.assert_close(z_only["result", layer], cache["result", layer], atol=1e-6, rtol=1e-6)
+        per_head = heads[layer * model.cfg.n_heads : (layer + 1) * model.cfg.n_heads]
+        if not model.adapter.sandwich:  # the rows are hook_result itself
+            assert torch.equal(per_head, cache["result", layer].movedim(-2, 0))
+        b_o = get_module(get_module(model.hf_model, model.adapter.blocks)[layer], model.adapter.o_proj).bias
+        expected = cache["attn_out", layer] - (b_o if b_o is not None else 0)  # Gemma 2: through ln1_post
+        torch.testing.assert_close(per_head.sum(0), expected, **TOL)
+
+
+def test_neurons_sum_to_mlp_out_minus_b_out(run):
+    model, cache = run
+    blocks = get_module(model.hf_model, model.adapter.blocks)
+    for layer in range(model.cfg.n_layers):
+        b_out = get_module(blocks[layer], model.adapter.mlp_down).bias
+        neurons = cache.get_neuron_results(layer)
+        assert neurons.shape == (*TOKENS.shape, model.cfg.d_mlp, model.cfg.d_model)
+        torch.testing.assert_close(
+            neurons.sum(-2), cache["mlp_out", layer] - (b_out if b_out is not None else 0), **TOL
+        )
+        assert torch.equal(cache.get_neuron_results(layer, neuron_slice=3), neurons[..., 3:4, :])
+        assert torch.equal(cache.get_neuron_results(layer, neuron_slice=[5, 1], pos_slice=-1), neurons[:, -1:, [5, 1]])
+    stack, labels = cache.stack_neuron_results(2, neuron_slice=slice(0, 4), return_labels=True, incl_remainder=True)
+    assert labels == [f"L{i}N{j}" for i in range(2) for j in range(4)] + ["remainder"]
+    torch.testing.assert_close(stack.sum(0), cache["resid_post", 1], **TOL)
+    assert cache.stack_neuron_results(0, return_labels=True)[1] == []
+
+
+def test_stack_head_results_tl_args(run):
+    model, cache = run
+    heads, labels = cache.stack_head_results(1, return_labels=True, incl_remainder=True)
+    assert labels == [f"L0H{h}" for h in range(model.cfg.n_heads)] + ["remainder"]
+    torch.testing.assert_close(heads.sum(0), cache["resid_pre", 1], **TOL)
+    assert cache.stack_head_results(0).shape == (0, *TOKENS.shape, model.cfg.d_model)
+    only, labels = cache.stack_head_results(0, return_labels=True, incl_remainder=True)
+    assert labels == ["remainder"] and torch.equal(only[0], cache["resid_pre", 0])
+    normed = cache.stack_head_results(1, incl_remainder=True, apply_ln=True)
+    torch.testing.assert_close(normed.sum(0), cache["blocks.1.ln1.hook_normalized"], **TOL)
+
+
+def test_accumulated_resid_labels_and_mlp_input(run):
+    model, cache = run
+    n, parallel = model.cfg.n_layers, model.cfg.parallel_attn_mlp
+    stack, labels = cache.accumulated_resid(return_labels=True)
+    assert labels == [f"{i}_pre" for i in range(n)] + ["final_post"]
+    assert torch.equal(stack[-1], cache["resid_post", -1])
+    assert cache.accumulated_resid(-1, return_labels=True)[1] == labels
+    assert cache.accumulated_resid(1, return_labels=True)[1] == ["0_pre", "1_pre"]  # TL: includes layer's input
+    mids = cache.accumulated_resid(incl_mid=True, return_labels=True)[1]
+    assert mids == (labels if parallel else ["0_pre", "0_mid", "1_pre", "1_mid", "final_post"])
+    stack, labels = cache.accumulated_resid(1, mlp_input=True, return_labels=True)
+    assert labels == ["0_pre", "1_pre"] + ([] if parallel else ["1_mid"])
+    assert torch.equal(stack[-1], resid_into(model, cache, 1, mlp_input=True))
+    normed = cache.accumulated_resid(1, mlp_input=True, apply_ln=True)
+    torch.testing.assert_close(normed[-1], cache["blocks.1.ln2.hook_normalized"], **TOL)
+    with pytest.raises(ValueError, match="`mlp_input=True` needs `layer`"):
+        cache.accumulated_resid(mlp_input=True)
+    with pytest.raises(IndexError, match="`layer`=3 is out of range"):
+        cache.accumulated_resid(3)
+
+
+def test_decompose_resid_tl_args(run):
+    model, cache = run
+    parts, labels = cache.decompose_resid(1, mlp_input=True, return_labels=True)
+    torch.testing.assert_close(parts.sum(0), resid_into(model, cache, 1, mlp_input=True), **TOL)
+    assert labels[-1] == ("0_mlp_out" if model.cfg.parallel_attn_mlp else "1_attn_out")
+    no_embeds, labels = cache.decompose_resid(incl_embeds=False, mode="attn", return_labels=True)
+    assert labels == ["0_attn_out", "1_attn_out"]
+    torch.testing.assert_close(no_embeds, torch.stack([cache["attn_out", 0], cache["attn_out", 1]]))
+
+
+def test_apply_ln_to_stack_layers(run):
+    _, cache = run
+    parts = cache.decompose_resid()
+    final = cache.apply_ln_to_stack(parts, layer=-1)
+    assert torch.equal(final, cache.apply_ln_to_stack(parts)) and torch.equal(final, cache.apply_ln_to_stack(parts, 2))
+    torch.testing.assert_close(final.sum(0), cache["ln_final.hook_normalized"], **TOL)
+    before_last = cache.apply_ln_to_stack(cache.decompose_resid(-2), layer=-2)  # input of block 1
+    torch.testing.assert_close(before_last.sum(0), cache["blocks.1.ln1.hook_normalized"], **TOL)
+    rows = cache.apply_ln_to_stack(parts[:, :, -2:], pos_slice=slice(4, 6), batch_slice=[1])
+    torch.testing.assert_close(rows, final[:, 1:, -2:])
+    one = cache.apply_ln_to_stack(parts[:, 0], has_batch_dim=False, batch_slice=0)
+    torch.testing.assert_close(one, final[:, 0])
+    with pytest.raises(ValueError, match="`mlp_input=True` needs"):
+        cache.apply_ln_to_stack(parts, layer=-1, mlp_input=True)
+    with pytest.raises(IndexError, match=r"-3\.\.-1"):
+        cache.apply_ln_to_stack(parts, layer=-4)
+
+
+def test_logit_attrs_tl_args(run):
+    model, cache = run
+    parts = cache.decompose_resid(pos_slice=-1)
+    by_id = cache.logit_attrs(parts, tokens=TOKENS[:, -1], pos_slice=-1)
+    assert by_id.shape == (parts.shape[0], 2, 1)
+    by_str = cache.logit_attrs(parts, "a", pos_slice=-1)
+    assert torch.equal(by_str, cache.logit_attrs(parts, model.to_single_token("a"), pos_slice=-1))
+    per_pos = cache.logit_attrs(cache.decompose_resid(), tokens=torch.arange(10, 16))  # one token per position
+    for p in range(6):
+        torch.testing.assert_close(per_pos[..., p], cache.logit_attrs(cache.decompose_resid(), 10 + p)[..., p])
+    row = cache.logit_attrs(parts[:, 1], TOKENS[1, -1], pos_slice=-1, batch_slice=1, has_batch_dim=False)
+    torch.testing.assert_close(row, by_id[:, 1])
+    with pytest.raises(ValueError, match="same shape"):
+        cache.logit_attrs(parts, TOKENS[:, -1], incorrect_tokens=5, pos_slice=-1)
+
+
+def test_batchless_cache():
+    model = make("gpt2")
+    _, cache = model.run_with_cache(TOKENS[:1], remove_batch_dim=True)
+    stack = cache.get_full_resid_decomposition(1, mlp_input=True)
+    assert stack.shape[1:] == (TOKENS.shape[1], model.cfg.d_model)
+    torch.testing.assert_close(stack.sum(0), cache["resid_mid", 1], **TOL)
+    torch.testing.assert_close(cache.stack_head_results(incl_remainder=True).sum(0), cache["resid_post", 1], **TOL)
+    assert cache.logit_attrs(cache.decompose_resid(), 5).shape == (4 + 2, TOKENS.shape[1])
+
+
+def test_cache_dict_and_stack_activation():
+    model = make("qwen3")
+    _, cache = model.run_with_cache(TOKENS, names_filter="pattern")
+    assert cache.cache_dict is cache._tensors and list(cache.keys()) == list(cache.cache_dict)
+    assert torch.equal(cache.stack_activation("pattern"), torch.stack([cache["pattern", 0], cache["pattern", 1]]))
+    assert cache.stack_activation("pattern", 1).shape[0] == 1
+    try:
+        with pytest.warns(UserWarning, match="global state"):
+            cache.toggle_autodiff(False)
+        assert not torch.is_grad_enabled()
+    finally:
+        torch.set_grad_enabled(True)
+
+
+def test_helpers_say_what_is_missing():
+    model = make("llama")
+    _, cache = model.run_with_cache(TOKENS, names_filter="blocks.0.hook_resid_pre")
+    with pytest.raises(KeyError, match=r"hook_z"):
+        cache.stack_head_results()
+    with pytest.raises(KeyError, match=r"hook_post"):
+        cache.get_neuron_results(0)
+    with pytest.raises(IndexError, match="`neuron_slice`"):
+        make("llama").run_with_cache(TOKENS)[1].get_neuron_results(0, neuron_slice=99)
+    with pytest.raises(TypeError, match="`layer` must be an int"):
+        cache.accumulated_bias("1")
+
+
+# -- transformer_bridge.utils ----------------------------------------------------------------------
+def test_get_act_name_tl_forms():
+    assert utils.get_act_name("k", 6, "a") == "blocks.6.attn.hook_k"
+    assert utils.get_act_name("pre", 2) == "blocks.2.mlp.hook_pre"
+    assert utils.get_act_name("embed") == "hook_embed"
+    assert utils.get_act_name("normalized", 27, "ln2") == "blocks.27.ln2.hook_normalized"
+    assert utils.get_act_name("k6") == "blocks.6.attn.hook_k"
+    assert utils.get_act_name("scale4ln1") == "blocks.4.ln1.hook_scale"
+    assert utils.get_act_name("scale") == "ln_final.hook_scale"
+    assert utils.get_act_name("attn", 1) == "blocks.1.attn.hook_pattern"
+    assert utils.get_act_name("value", 0) == "blocks.0.attn.hook_v"
+    assert utils.get_act_name("resid_pre", 0, "b") == "blocks.0.hook_resid_pre"
+    assert utils.get_act_name("blocks.3.hook_resid_post") == "blocks.3.hook_resid_post"
+    with pytest.raises(KeyError, match="resid_pre"):
+        utils.get_act_name("resid_pr", 0)
+    with pytest.raises(ValueError, match="cannot count layers from the end"):
+        utils.get_act_name("resid_pre", -1)
+    with pytest.raises(ValueError, match="`layer_type`"):
+        utils.get_act_name("z", 0, "mlp")
+
+
+def test_losses_and_small_helpers():
+    model = make("llama")
+    tokens = TOKENS.clone()
+    mask = torch.ones_like(tokens)
+    mask[0, :2] = 0  # left padding in row 0
+    logits = model(tokens, attention_mask=mask)
+    loss = utils.lm_cross_entropy_loss(logits, tokens, attention_mask=mask)
+    torch.testing.assert_close(loss, model(tokens, attention_mask=mask, return_type="loss"))
+    per_token = utils.lm_cross_entropy_loss(logits, tokens, per_token=True)
+    assert per_token.shape == (2, 5)
+    torch.testing.assert_close(utils.lm_cross_entropy_loss(logits, tokens), per_token.mean())
+    hits = utils.lm_accuracy(logits, tokens, per_token=True)
+    assert utils.lm_accuracy(logits, tokens) == hits.float().mean()
+    assert utils.to_numpy(torch.ones(2, dtype=torch.bfloat16)).tolist() == [1.0, 1.0]
+    assert utils.to_numpy([1, 2]).tolist() == [1, 2] and utils.to_numpy(3).item() == 3
+    assert utils.remove_batch_dim(torch.zeros(1, 4)).shape == (4,)
+    assert utils.remove_batch_dim(torch.zeros(2, 4)).shape == (2, 4)
+
+
+def test_test_prompt_ranks(capsys):
+    model = make("gpt2")
+    ranks = utils.test_prompt("Hello", "wo", model, top_k=3)
+    assert [token for token, _ in ranks] == [" ", "w", "o"]
+    assert all(0 <= rank < V for _, rank in ranks)
+    assert "Ranks of the answer tokens" in capsys.readouterr().out

@@ -1,0 +1,456 @@
+"""The analysis behind `ActivationCache`'s TransformerLens methods: residual stacks and decompositions.
+
+`accumulated_resid`, `decompose_resid`, per-head and per-neuron results, biases, the full residual
+decomposition, `apply_ln_to_stack` and `logit_attrs`, as functions of a cache whose model is a
+bridge; the cache exposes them as methods (``cache.stack_head_results(...)``). ``cache.py`` imports
+this module, so this one reaches the cache only through the object it is given; weights come from
+the HF modules the adapter names.
+
+Every component is what a block adds to the residual stream, so a decomposition sums to the
+residual it decomposes up to float rounding, on every family. Gemma 2 normalises the attention and
+MLP outputs before the residual add (``post_attention_layernorm``, ``post_feedforward_layernorm``).
+A norm is linear once its scale is fixed, so there a head's or a neuron's contribution is its output
+divided by the cached scale (``blocks.L.ln1_post.hook_scale`` / ``ln2_post.hook_scale``) times the
+norm's weight: the frozen-scale reading `apply_ln_to_stack` and the ``dla`` relevance method use.
+``hook_result`` itself stays what the hook point shows: the head's output before that norm.
+"""
+
+import operator
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from .checks import ArgumentIndexError, ArgumentTypeError, describe
+from .sites import get_module
+
+Cache = Any  # an `ActivationCache`; not imported, since cache.py imports this module
+Sublayer = Literal["attn", "mlp"]
+
+
+def resolve_layer(layer: Any, n_layers: int, param: str = "layer", final: bool = True) -> int:
+    """``layer`` as an index in ``0..n_layers`` (``final``) or ``0..n_layers - 1``; None is the last one.
+
+    With ``final``, ``n_layers`` (and -1) is the stream after the last block, read by the final norm,
+    as in TransformerLens. Negative values count from the end.
+
+    Example:
+        >>> resolve_layer(-1, 12), resolve_layer(-1, 12, final=False)
+        (12, 11)
+    """
+    top = n_layers if final else n_layers - 1
+    if layer is None:
+        return top
+    if isinstance(layer, bool) or not hasattr(layer, "__index__"):
+        raise ArgumentTypeError(f"`{param}` must be an int or None, got {describe(layer)}.")
+    index = operator.index(layer)
+    if not -(top + 1) <= index <= top:
+        what = " (n_layers, -1 or None: the input of the final norm)" if final else ""
+        raise ArgumentIndexError(
+            f"`{param}`={index} is out of range: this model has {n_layers} layers, so `{param}` must be in "
+            f"0..{top} or -{top + 1}..-1{what}."
+        )
+    return index % (top + 1)
+
+
+def mlp_reads_attn(model: Any, layer: int, mlp_input: bool) -> bool:
+    """Whether ``mlp_input`` adds ``layer``'s attention output (False in parallel attention/MLP blocks)."""
+    if not mlp_input:
+        return False
+    if layer == model.cfg.n_layers:
+        raise ValueError(
+            f"`mlp_input=True` needs `layer` < n_layers={layer}: layer {layer} is the final norm's input, which "
+            "has no MLP. Give the layer whose MLP input you want, or mlp_input=False."
+        )
+    return not model.cfg.parallel_attn_mlp
+
+
+def resid_at(cache: Cache, layer: int, mid: bool, pos_slice: Any, why: str) -> Float[Tensor, "... pos d_model"]:
+    """The residual stream read by ``layer``'s attention (its MLP if ``mid``); ``n_layers``: the final one."""
+    n = cache.model.cfg.n_layers
+    name = f"blocks.{n - 1}.hook_resid_post" if layer == n else f"blocks.{layer}.hook_resid_{'mid' if mid else 'pre'}"
+    return cache._at_pos(cache._get(name, why), pos_slice)
+
+
+# -- the residual stream, block by block ------------------------------------------------------
+def _out(
+    cache: Cache,
+    stack: Tensor,
+    labels: list[str],
+    layer: int,
+    mlp_input: bool,
+    apply_ln: bool,
+    pos_slice: Any,
+    ret: bool,
+) -> Tensor | tuple[Tensor, list[str]]:
+    if apply_ln:
+        stack = apply_ln_to_stack(cache, stack, layer, mlp_input, pos_slice)
+    return (stack, labels) if ret else stack
+
+
+def accumulated_resid(
+    cache: Cache,
+    layer: int | None = None,
+    incl_mid: bool = False,
+    apply_ln: bool = False,
+    pos_slice: Any = None,
+    mlp_input: bool = False,
+    return_labels: bool = False,
+) -> Float[Tensor, "layer ... pos d_model"] | tuple[Tensor, list[str]]:
+    """The residual stream entering each layer up to ``layer``; see `ActivationCache.accumulated_resid`."""
+    model = cache._need_model()
+    n = model.cfg.n_layers
+    layer = resolve_layer(layer, n)
+    mid_last = mlp_reads_attn(model, layer, mlp_input)
+    names, labels = [], []
+    for i in range(layer + 1):
+        if i == n:
+            names.append(f"blocks.{n - 1}.hook_resid_post")
+            labels.append("final_post")
+            continue
+        names.append(f"blocks.{i}.hook_resid_pre")
+        labels.append(f"{i}_pre")
+        if (incl_mid and i < layer and not model.cfg.parallel_attn_mlp) or (mid_last and i == layer):
+            names.append(f"blocks.{i}.hook_resid_mid")
+            labels.append(f"{i}_mid")
+    stack = torch.stack([cache._at_pos(cache._get(name, "accumulated_resid"), pos_slice) for name in names])
+    return _out(cache, stack, labels, layer, mlp_input, apply_ln, pos_slice, return_labels)
+
+
+def decompose_resid(
+    cache: Cache,
+    layer: int | None = None,
+    mlp_input: bool = False,
+    mode: str = "all",
+    apply_ln: bool = False,
+    pos_slice: Any = None,
+    incl_embeds: bool = True,
+    return_labels: bool = False,
+) -> Float[Tensor, "component ... pos d_model"] | tuple[Tensor, list[str]]:
+    """Embeddings and each block's outputs before ``layer``; see `ActivationCache.decompose_resid`."""
+    if mode not in ("all", "attn", "mlp"):
+        raise ValueError(f"`mode` must be 'all', 'attn' or 'mlp', got {mode!r}.")
+    model = cache._need_model()
+    layer = resolve_layer(layer, model.cfg.n_layers)
+    mid = mlp_reads_attn(model, layer, mlp_input)
+    parts, labels = [], []
+    if incl_embeds:
+        resid0 = cache._at_pos(cache._get("blocks.0.hook_resid_pre", "decompose_resid"), pos_slice)
+        if "hook_pos_embed" in model.hook_dict:
+            pos = cache._at_pos(cache._get("hook_pos_embed", "decompose_resid"), pos_slice).expand_as(resid0)
+            parts += [resid0 - pos, pos]  # the embedding as it enters the stream (scaled, projected)
+            labels += ["embed", "pos_embed"]
+        else:
+            parts.append(resid0)
+            labels.append("embed")
+    for i in range(layer + mid):
+        for kind in ("attn", "mlp"):
+            if mode in ("all", kind) and (kind == "attn" or i < layer):
+                parts.append(cache._at_pos(cache._get(f"blocks.{i}.hook_{kind}_out", "decompose_resid"), pos_slice))
+                labels.append(f"{i}_{kind}_out")
+    if not parts:
+        raise ValueError(f"Nothing to decompose: layer={layer}, mode={mode!r} and incl_embeds=False select no part.")
+    return _out(cache, torch.stack(parts), labels, layer, mlp_input, apply_ln, pos_slice, return_labels)
+
+
+def apply_ln_to_stack(
+    cache: Cache,
+    residual_stack: Float[Tensor, "component ... pos d_model"],
+    layer: int | None = None,
+    mlp_input: bool = False,
+    pos_slice: Any = None,
+    batch_slice: Any = None,
+    has_batch_dim: bool = True,
+) -> Float[Tensor, "component ... pos d_model"]:
+    """Centre (LayerNorm) and divide by the cached scale; see `ActivationCache.apply_ln_to_stack`."""
+    model = cache._need_model()
+    n = model.cfg.n_layers
+    layer = resolve_layer(layer, n)
+    mlp_reads_attn(model, layer, mlp_input)
+    name = "ln_final.hook_scale" if layer == n else f"blocks.{layer}.{'ln2' if mlp_input else 'ln1'}.hook_scale"
+    scale = cache._at_pos(cache._get(name, "apply_ln_to_stack"), pos_slice)
+    if cache.has_batch_dim:
+        scale = cache._select(scale, batch_slice, 0, "batch_slice")
+        if has_batch_dim:
+            residual_stack = cache._select(residual_stack, batch_slice, 1, "batch_slice")
+        elif scale.shape[0] == 1:
+            scale = scale[0]
+        else:
+            raise ValueError(
+                f"`has_batch_dim=False`, but this cache holds {scale.shape[0]} rows: pick the stack's row with "
+                "`batch_slice` (an int)."
+            )
+    elif batch_slice is not None:
+        raise ValueError("`batch_slice` needs a cache with a batch axis; this one has none (remove_batch_dim).")
+    if model.cfg.normalization == "layernorm":
+        residual_stack = residual_stack - residual_stack.mean(-1, keepdim=True)
+    return residual_stack / scale.to(residual_stack.device)
+
+
+def logit_attrs(
+    cache: Cache,
+    residual_stack: Float[Tensor, "component ... d_model"],
+    tokens: Any,
+    incorrect_tokens: Any = None,
+    pos_slice: Any = None,
+    batch_slice: Any = None,
+    has_batch_dim: bool = True,
+    has_applied_ln: bool = False,
+) -> Float[Tensor, "component ..."]:
+    """Direct logit attribution of each component; see `ActivationCache.logit_attrs`."""
+    model = cache._need_model()
+    ids = [_token_ids(model, t, p) for t, p in ((tokens, "tokens"), (incorrect_tokens, "incorrect_tokens"))]
+    if ids[1] is not None and ids[0].shape != ids[1].shape:
+        raise ValueError(
+            f"`tokens` and `incorrect_tokens` must have the same shape, got {tuple(ids[0].shape)} and "
+            f"{tuple(ids[1].shape)}."
+        )
+    if not has_applied_ln:
+        residual_stack = apply_ln_to_stack(cache, residual_stack, None, False, pos_slice, batch_slice, has_batch_dim)
+    direction = model.unembed_directions(ids[0])
+    if ids[1] is not None:
+        direction = direction - model.unembed_directions(ids[1])
+    direction = direction.to(residual_stack.device, residual_stack.dtype)
+    per_row = has_batch_dim and cache.has_batch_dim and residual_stack.dim() == 4
+    if direction.dim() == 2 and per_row and direction.shape[0] == residual_stack.shape[1]:
+        direction = direction[:, None, :]  # one token per batch row: broadcast over positions
+    return (residual_stack * direction).sum(-1)
+
+
+def _token_ids(model: Any, tokens: Any, param: str) -> Tensor | None:
+    if tokens is None or isinstance(tokens, Tensor):
+        return tokens
+    if isinstance(tokens, str):
+        if getattr(model, "tokenizer", None) is None:
+            raise TypeError(f"`{param}`={tokens!r}: a string needs a model with a tokenizer; give token ids.")
+        tokens = model.to_single_token(tokens)
+    if isinstance(tokens, bool) or not isinstance(tokens, (int, list, tuple)):
+        raise TypeError(f"`{param}` must be a token id, a one-token string or an id tensor, got {describe(tokens)}.")
+    return torch.as_tensor(tokens)
+
+
+# -- weights ----------------------------------------------------------------------------------
+def _model(cache: Cache) -> Any:
+    model = cache._need_model()
+    if not hasattr(model, "hf_model") or not hasattr(model, "adapter"):
+        raise TypeError(
+            f"This helper reads the model's weights, so the cache's model must be a TransformerBridge; got "
+            f"{type(model).__name__}. Attach one with `ActivationCache.load(path, model=bridge)`."
+        )
+    return model
+
+
+def _module(model: Any, layer: int, path: str) -> nn.Module:
+    return get_module(get_module(model.hf_model, model.adapter.blocks)[layer], path)
+
+
+def o_weight(model: Any, layer: int) -> Float[Tensor, "d_model head d_head"]:
+    """The attention output projection of ``layer`` as ``[d_model, head, d_head]`` (a view)."""
+    weight = _module(model, layer, model.adapter.o_proj).weight
+    weight = weight.T if model.adapter.conv1d else weight  # [d_model, head * d_head]
+    return weight.reshape(weight.shape[0], model.cfg.n_heads, model.cfg.d_head)
+
+
+def out_weight(model: Any, layer: int) -> Float[Tensor, "d_mlp d_model"]:
+    """The MLP's down projection of ``layer`` as TransformerLens' ``W_out`` ``[d_mlp, d_model]`` (a view)."""
+    weight = _module(model, layer, model.adapter.mlp_down).weight
+    return weight if model.adapter.conv1d else weight.T
+
+
+def sublayer_bias(model: Any, layer: int, which: Sublayer) -> Float[Tensor, "d_model"] | None:
+    """``b_O`` (``which="attn"``) or ``b_out`` (``"mlp"``) of ``layer``, None where the family has none."""
+    path = model.adapter.o_proj if which == "attn" else model.adapter.mlp_down
+    return getattr(_module(model, layer, path), "bias", None)
+
+
+def _to_resid(
+    cache: Cache, model: Any, layer: int, which: Sublayer, x: Tensor, pos_slice: Any, per_part: bool
+) -> Tensor:
+    """What ``x``, a part of ``layer``'s attention or MLP output, adds to the residual stream.
+
+    The identity except behind Gemma 2's sandwich norms: there ``x / scale * γ`` at the cached scale.
+    ``per_part``: ``x`` has a head or neuron axis before ``d_model``.
+    """
+    if not model.adapter.sandwich:
+        return x
+    norm = "ln1_post" if which == "attn" else "ln2_post"
+    scale = cache._at_pos(cache._get(f"blocks.{layer}.{norm}.hook_scale", f"The {which} decomposition"), pos_slice)
+    scale = scale[..., None, :] if per_part else scale
+    module = _module(model, layer, model.adapter.attn_out if which == "attn" else model.adapter.mlp_out)
+    gamma = module.weight.detach().float()
+    gamma = 1.0 + gamma if model.adapter.norm == "rms_one_plus" else gamma
+    return x / scale.to(x.device, x.dtype) * gamma.to(x.device, x.dtype)
+
+
+def _matched(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    dtype = torch.promote_types(x.dtype, weight.dtype)
+    return x.to(dtype), weight.detach().to(x.device, dtype)
+
+
+# -- heads ------------------------------------------------------------------------------------
+def z_to_result(
+    model: Any, layer: int, z: Float[Tensor, "... pos head d_head"]
+) -> Float[Tensor, "... pos head d_model"]:
+    """``hook_result`` from ``hook_z``: each head's output through the output projection, bias excluded."""
+    z, weight = _matched(z, o_weight(model, layer))
+    return torch.einsum("...hd,mhd->...hm", z, weight)
+
+
+def compute_head_results(cache: Cache) -> None:
+    """Store ``blocks.L.attn.hook_result`` for every layer whose ``hook_z`` is cached and result is not."""
+    model = _model(cache)
+    for layer in range(model.cfg.n_layers):
+        name = f"blocks.{layer}.attn.hook_result"
+        if name not in cache.cache_dict:
+            z = cache._get(f"blocks.{layer}.attn.hook_z", "compute_head_results")
+            cache.cache_dict[name] = z_to_result(model, layer, z)
+
+
+def head_results(cache: Cache, layer: int, pos_slice: Any = None) -> Float[Tensor, "... pos head d_model"]:
+    """Each head's contribution to the residual stream in ``layer`` (``hook_result``, or computed from ``hook_z``)."""
+    model = _model(cache)
+    cached = cache.cache_dict.get(f"blocks.{layer}.attn.hook_result")
+    if cached is not None:
+        result = cache._at_pos(cached, pos_slice)
+    else:
+        z = cache._get(f"blocks.{layer}.attn.hook_z", "Head results (hook_result is not cached)")
+        result = z_to_result(model, layer, cache._at_pos(z, pos_slice))
+    return _to_resid(cache, model, layer, "attn", result, pos_slice, per_part=True)
+
+
+def stack_head_results(
+    cache: Cache,
+    layer: int | None = -1,
+    return_labels: bool = False,
+    incl_remainder: bool = False,
+    pos_slice: Any = None,
+    apply_ln: bool = False,
+) -> Float[Tensor, "component ... pos d_model"] | tuple[Tensor, list[str]]:
+    """Every head's contribution before ``layer``; see `ActivationCache.stack_head_results`."""
+    model = _model(cache)
+    layer = resolve_layer(layer, model.cfg.n_layers)
+    parts = [head_results(cache, i, pos_slice).movedim(-2, 0) for i in range(layer)]
+    labels = [f"L{i}H{h}" for i in range(layer) for h in range(model.cfg.n_heads)]
+    return _finish(cache, parts, labels, layer, False, incl_remainder, pos_slice, apply_ln, return_labels)
+
+
+# -- neurons ----------------------------------------------------------------------------------
+def get_neuron_results(
+    cache: Cache, layer: int, neuron_slice: Any = None, pos_slice: Any = None
+) -> Float[Tensor, "... pos neuron d_model"]:
+    """Each neuron's contribution ``hook_post[n] * W_out[n]`` in block ``layer``; see the cache method."""
+    model = _model(cache)
+    layer = resolve_layer(layer, model.cfg.n_layers, final=False)
+    post = cache._at_pos(cache._get(f"blocks.{layer}.mlp.hook_post", "get_neuron_results"), pos_slice)
+    post, weight = _matched(post, out_weight(model, layer))
+    if neuron_slice is not None:
+        post = cache._select(post, neuron_slice, post.dim() - 1, "neuron_slice")
+        weight = cache._select(weight, neuron_slice, 0, "neuron_slice")
+    return _to_resid(cache, model, layer, "mlp", post[..., None] * weight, pos_slice, per_part=True)
+
+
+def stack_neuron_results(
+    cache: Cache,
+    layer: int | None,
+    pos_slice: Any = None,
+    neuron_slice: Any = None,
+    return_labels: bool = False,
+    incl_remainder: bool = False,
+    apply_ln: bool = False,
+    mlp_input: bool = False,
+) -> Float[Tensor, "component ... pos d_model"] | tuple[Tensor, list[str]]:
+    """Every neuron's contribution before ``layer``; see `ActivationCache.stack_neuron_results`."""
+    model = _model(cache)
+    layer = resolve_layer(layer, model.cfg.n_layers)
+    neurons = torch.arange(model.cfg.d_mlp)
+    if neuron_slice is not None:
+        neurons = cache._select(neurons, neuron_slice, 0, "neuron_slice")
+    parts = [get_neuron_results(cache, i, neuron_slice, pos_slice).movedim(-2, 0) for i in range(layer)]
+    labels = [f"L{i}N{n}" for i in range(layer) for n in neurons.tolist()]
+    return _finish(cache, parts, labels, layer, mlp_input, incl_remainder, pos_slice, apply_ln, return_labels)
+
+
+def _finish(
+    cache: Cache,
+    parts: list[Tensor],
+    labels: list[str],
+    layer: int,
+    mlp_input: bool,
+    incl_remainder: bool,
+    pos_slice: Any,
+    apply_ln: bool,
+    return_labels: bool,
+) -> Tensor | tuple[Tensor, list[str]]:
+    """Stack ``parts``, add the remainder up to the residual that ``layer`` reads, apply the norm's scale."""
+    target = None
+    if incl_remainder or not parts:
+        mid = mlp_reads_attn(cache.model, layer, mlp_input)
+        target = resid_at(cache, layer, mid, pos_slice, "The remainder" if incl_remainder else "An empty stack")
+    stack = torch.cat(parts) if parts else target.new_zeros((0, *target.shape))
+    if incl_remainder:
+        stack = torch.cat([stack, (target - stack.sum(0))[None]])
+        labels = [*labels, "remainder"]
+    if apply_ln:
+        stack = cache.apply_ln_to_stack(stack, layer, mlp_input=mlp_input, pos_slice=pos_slice)
+    return (stack, labels) if return_labels else stack
+
+
+# -- biases and the full decomposition --------------------------------------------------------
+def accumulated_bias(
+    model: Any, layer: int | None, mlp_input: bool = False, include_mlp_biases: bool = True
+) -> Float[Tensor, "d_model"]:
+    """Sum of ``b_O`` (and ``b_out``) of the blocks before ``layer``; see `ActivationCache.accumulated_bias`."""
+    layer = resolve_layer(layer, model.cfg.n_layers)
+    mid = mlp_reads_attn(model, layer, mlp_input)
+    total = o_weight(model, 0).new_zeros(model.cfg.d_model)
+    for i in range(layer + mid):
+        biases = [sublayer_bias(model, i, "attn")]
+        if include_mlp_biases and i < layer:
+            biases.append(sublayer_bias(model, i, "mlp"))
+        for bias in biases:
+            if bias is not None:
+                total = total + bias.detach()
+    return total
+
+
+def _bias_row(
+    cache: Cache, model: Any, layer: int, mid: bool, include_mlp: bool, pos_slice: Any, like: Tensor
+) -> Float[Tensor, "... pos d_model"]:
+    """The biases' contribution to the residual stream (position-dependent behind a sandwich norm)."""
+    row = torch.zeros_like(like)
+    for i in range(layer + mid):
+        for which in ("attn", "mlp") if include_mlp and i < layer else ("attn",):
+            bias = sublayer_bias(model, i, which)
+            if bias is not None:
+                row = row + _to_resid(cache, model, i, which, bias.detach().to(like), pos_slice, per_part=False)
+    return row
+
+
+def get_full_resid_decomposition(
+    cache: Cache,
+    layer: int | None = None,
+    mlp_input: bool = False,
+    expand_neurons: bool = True,
+    apply_ln: bool = False,
+    pos_slice: Any = None,
+    return_labels: bool = False,
+) -> Float[Tensor, "component ... pos d_model"] | tuple[Tensor, list[str]]:
+    """Heads, neurons (or MLPs), embeddings and biases; see `ActivationCache.get_full_resid_decomposition`."""
+    model = _model(cache)
+    layer = resolve_layer(layer, model.cfg.n_layers)
+    mid = mlp_reads_attn(model, layer, mlp_input)
+    heads, labels = stack_head_results(cache, layer + mid, return_labels=True, pos_slice=pos_slice)
+    embeds, embed_labels = cache.decompose_resid(0, pos_slice=pos_slice, return_labels=True)
+    if expand_neurons:
+        mlps, mlp_labels = stack_neuron_results(cache, layer, pos_slice=pos_slice, return_labels=True)
+    else:
+        outs = [cache._get(f"blocks.{i}.hook_mlp_out", "get_full_resid_decomposition") for i in range(layer)]
+        mlp_labels = [f"{i}_mlp_out" for i in range(layer)]
+        mlps = torch.stack([cache._at_pos(t, pos_slice) for t in outs]) if outs else embeds[:0]
+    bias = _bias_row(cache, model, layer, mid, expand_neurons, pos_slice, embeds[0])
+    stack = torch.cat([heads, mlps.to(heads.dtype), embeds.to(heads.dtype), bias[None].to(heads.dtype)])
+    labels = [*labels, *mlp_labels, *embed_labels, "bias"]
+    if apply_ln:
+        stack = cache.apply_ln_to_stack(stack, layer, mlp_input=mlp_input, pos_slice=pos_slice)
+    return (stack, labels) if return_labels else stack

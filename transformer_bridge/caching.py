@@ -1,0 +1,70 @@
+"""Caching hooks and the losses a caching run backpropagates: each tensor stored once, where asked."""
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .hook_points import HookPoint
+
+
+class CacheWriter:
+    """Caching hook: stores each tensor once on ``device``; aliases of one tensor share storage."""
+
+    def __init__(self, device: torch.device | None, pos_slice: int | slice | Sequence[int] | None = None) -> None:
+        self.device = device
+        self.pos_slice = pos_slice
+        self.tensors: dict[str, Tensor] = {}
+        self._seen: dict[int, tuple[Any, Tensor]] = {}
+
+    def _store(self, key: str, tensor: Tensor) -> None:
+        hit = self._seen.get(id(tensor))
+        if hit is not None and hit[0]() is tensor:
+            self.tensors[key] = hit[1]
+            return
+        stored = tensor.detach()
+        if self.pos_slice is not None:
+            stored = _slice_positions(key, stored, self.pos_slice)
+        if self.device is not None:
+            stored = stored.to(self.device)
+        self._seen[id(tensor)] = (weakref.ref(tensor), stored)
+        self.tensors[key] = stored
+
+    def hook(self, tensor: Tensor, hook: HookPoint) -> None:
+        self._store(hook.name, tensor)
+
+    def grad_hook(self, grad: Tensor, hook: HookPoint) -> None:
+        self._store(hook.name + "_grad", grad)
+
+
+def _slice_positions(name: str, t: Tensor, pos_slice: int | slice | Sequence[int]) -> Tensor:
+    dim = 2 if name.endswith(("hook_pattern", "hook_attn_scores")) else 1
+    if isinstance(pos_slice, int):
+        return t.narrow(dim, pos_slice % t.shape[dim], 1)
+    if isinstance(pos_slice, slice):
+        index = [slice(None)] * t.dim()
+        index[dim] = pos_slice
+        return t[tuple(index)]
+    return t.index_select(dim, torch.as_tensor(list(pos_slice), device=t.device))
+
+
+def next_token_loss(
+    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"]
+) -> Float[Tensor, ""]:
+    """Mean cross-entropy of predicting each real token from the one before it."""
+    logprobs = logits[:, :-1].float().log_softmax(-1)
+    nll = -logprobs.gather(-1, tokens[:, 1:, None])[..., 0]
+    keep = (mask[:, 1:] * mask[:, :-1]).to(nll.dtype)
+    return (nll * keep).sum() / keep.sum().clamp_min(1)
+
+
+def next_token_losses(
+    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"]
+) -> Float[Tensor, "batch pos_minus_1"]:
+    """Cross-entropy of predicting each token from the one before it; 0 where either is padding."""
+    logprobs = logits[:, :-1].float().log_softmax(-1)
+    nll = -logprobs.gather(-1, tokens[:, 1:, None])[..., 0]
+    return nll * (mask[:, 1:] * mask[:, :-1]).to(nll.dtype)

@@ -1,0 +1,461 @@
+"""TransformerLens weight names and shapes over the HF parameters (``W_Q`` … ``W_U``).
+
+Two levels, as in TransformerLens:
+
+* **Per layer** — ``W_Q(core, layer)`` and friends, plain functions over a `BridgeCore`. They return
+  **views** of the HF parameters wherever the layout allows (every family's Q/K/V/O and MLP matrices
+  and existing biases, fused ones included: GPT-2's Conv1D ``c_attn``, GPT-NeoX's per-head
+  ``query_key_value``, Phi-3's ``qkv_proj`` and ``gate_up_proj``), so editing one in place (under
+  ``torch.no_grad()``: they are parameters) edits the model. Fresh tensors, not views: the zeros for a
+  bias the family does not have, and ``W_K`` / ``W_V`` / ``b_K`` / ``b_V`` of a GQA model, whose kv
+  heads are repeated to ``n_heads`` as TransformerLens does (``kv_heads=True`` gives the kv-head views,
+  TransformerLens' ``_W_K``).
+* **Stacked** — the `WeightProperties` mixin of `TransformerBridge`: ``model.W_Q`` is
+  ``[layer, head, d_model, d_head]``, a **copy** (``torch.stack``) that still carries gradients.
+
+The unembedding follows TransformerLens' folded numbers: ``W_U = diag(γ) @ W_U_raw`` and
+``b_U = β @ W_U_raw + b_U_raw`` (γ, β: the final norm's weight and bias; Gemma's γ is ``1 + w``), so
+``cache.accumulated_resid(apply_ln=True)[-1] @ model.W_U + model.b_U`` are the model's logits (Gemma 2:
+before the final soft-cap). ``W_U_raw`` / ``b_U_raw`` are the HF unembedding itself (views; ``b_U_raw`` is
+None when the model has no unembedding bias).
+"""
+
+from collections.abc import Callable
+from functools import partial
+from typing import Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from ..checks import ArgumentIndexError, ArgumentTypeError
+from ..core import BridgeCore
+from ..sites import get_module
+
+__all__ = [
+    "ATTN_WEIGHTS",
+    "MLP_WEIGHTS",
+    "W_E",
+    "W_K",
+    "W_O",
+    "W_Q",
+    "W_U",
+    "W_V",
+    "W_U_raw",
+    "W_gate",
+    "W_in",
+    "W_out",
+    "W_pos",
+    "WeightNotAvailableError",
+    "WeightProperties",
+    "b_K",
+    "b_O",
+    "b_Q",
+    "b_U",
+    "b_U_raw",
+    "b_V",
+    "b_in",
+    "b_out",
+]
+
+
+class WeightNotAvailableError(ValueError):
+    """The model has no such weight (e.g. ``W_pos`` of a rotary model).
+
+    A `ValueError`, not an `AttributeError`: `torch.nn.Module` would replace an `AttributeError` raised by a
+    property with its own "has no attribute" message and lose the explanation.
+    """
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+def _block(core: BridgeCore, layer: int) -> nn.Module:
+    n = core.cfg.n_layers
+    if isinstance(layer, bool) or not hasattr(layer, "__index__"):
+        raise ArgumentTypeError(f"`layer` must be an int, got {type(layer).__name__} {layer!r}.")
+    if not -n <= int(layer) < n:
+        raise ArgumentIndexError(
+            f"`layer`={layer} is out of range; this model has {n} layers, so use 0..{n - 1} (or -{n}..-1)."
+        )
+    return get_module(core.hf_model, core.adapter.blocks)[int(layer)]
+
+
+def _in_out(core: BridgeCore, module: nn.Module) -> Float[Tensor, "d_in d_out"]:
+    """The module's weight as ``[in, out]`` (a view): Conv1D stores it so, ``nn.Linear`` as ``[out, in]``."""
+    return module.weight if core.adapter.conv1d else module.weight.T
+
+
+def _bias(module: nn.Module) -> Tensor | None:
+    return getattr(module, "bias", None)
+
+
+def _zeros(like: Tensor, *shape: int) -> Tensor:
+    return torch.zeros(shape, dtype=like.dtype, device=like.device)
+
+
+def _qkv(core: BridgeCore, layer: int, which: Literal["q", "k", "v"]) -> tuple[Tensor, Tensor | None]:
+    """``(weight [n, d_model, d_head], bias [n, d_head] or None)`` of one of Q, K, V: views, n its heads."""
+    a, c = core.adapter, core.cfg
+    block = _block(core, layer)
+    n = c.n_heads if which == "q" else c.n_kv_heads
+    if a.qkv is None:
+        module = get_module(block, getattr(a, which))
+        w, b = _in_out(core, module), _bias(module)
+    else:
+        module = get_module(block, a.qkv)
+        fused, fused_b = _in_out(core, module), _bias(module)
+        index = "qkv".index(which)
+        if a.qkv_layout == "per_head":  # [head, q|k|v, d_head] along the output features
+            w = fused.view(c.d_model, c.n_heads, 3, c.d_head)[:, :, index].transpose(0, 1)
+            b = None if fused_b is None else fused_b.view(c.n_heads, 3, c.d_head)[:, index]
+            return w, b
+        start = 0 if which == "q" else (c.n_heads + (index - 1) * c.n_kv_heads) * c.d_head
+        stop = start + n * c.d_head
+        w, b = fused[:, start:stop], None if fused_b is None else fused_b[start:stop]
+    w = w.view(c.d_model, n, c.d_head).transpose(0, 1)
+    return w, None if b is None else b.view(n, c.d_head)
+
+
+def _repeat_kv(core: BridgeCore, t: Tensor, kv_heads: bool) -> Tensor:
+    groups = core.cfg.n_heads // core.cfg.n_kv_heads
+    # HF's repeat_kv: kv head j serves query heads j*groups … (j+1)*groups - 1.
+    return t if kv_heads or groups == 1 else t.repeat_interleave(groups, dim=0)
+
+
+def _mlp_in(core: BridgeCore, layer: int, gate: bool) -> tuple[Tensor, Tensor | None] | None:
+    """``(weight [d_model, d_mlp], bias or None)`` of the gate (``gate=True``) or the input projection."""
+    a, d_mlp = core.adapter, core.cfg.d_mlp
+    block = _block(core, layer)
+    if not a.gated:
+        return None if gate else (_in_out(core, m := get_module(block, a.mlp_in)), _bias(m))
+    if a.fused_gate_up:  # [gate | up] along the output features, as `sites.gate_up` splits them
+        m = get_module(block, a.mlp_in)
+        part = slice(0, d_mlp) if gate else slice(d_mlp, 2 * d_mlp)
+        b = _bias(m)
+        return _in_out(core, m)[:, part], None if b is None else b[part]
+    m = get_module(block, a.mlp_in if gate else a.mlp_up)  # mlp_in is the gate (hook_pre), mlp_up W_in
+    return _in_out(core, m), _bias(m)
+
+
+def _norm_weight_bias(core: BridgeCore, module: nn.Module) -> tuple[Tensor, Tensor | None]:
+    """A norm's effective γ (Gemma: ``1 + w``, in float32 as HF computes it) and β (None for RMS norms)."""
+    w = module.weight
+    return (1.0 + w.float() if core.adapter.norm == "rms_one_plus" else w), _bias(module)
+
+
+def _check_d_model(core: BridgeCore, t: Tensor, what: str) -> None:
+    if t.shape[-1] != core.cfg.d_model:
+        raise WeightNotAvailableError(
+            f"`{what}`: the HF matrix has width {t.shape[-1]}, not d_model={core.cfg.d_model} (a projection between "
+            "the embedding and the residual stream, as in OPT-350m, is not supported)."
+        )
+
+
+# -- attention (per layer) -----------------------------------------------------------------------------
+def W_Q(core: BridgeCore, layer: int) -> Float[Tensor, "head d_model d_head"]:  # noqa: N802 (TransformerLens name)
+    """Query weights of ``layer``: ``hook_q = normalized_input @ W_Q + b_Q`` per head. A view.
+
+    Example:
+        >>> with torch.no_grad():
+        ...     W_Q(model, 0)[3] = 0.0          # zeroes head 3's queries in the model itself
+    """
+    return _qkv(core, layer, "q")[0]
+
+
+def W_K(  # noqa: N802
+    core: BridgeCore, layer: int, kv_heads: bool = False
+) -> Float[Tensor, "head d_model d_head"] | Float[Tensor, "kv_head d_model d_head"]:
+    """Key weights of ``layer``, kv heads repeated to ``n_heads`` (a copy for GQA models, else a view).
+
+    ``kv_heads=True`` gives the ``[kv_head, d_model, d_head]`` view (TransformerLens' ``_W_K``).
+    """
+    return _repeat_kv(core, _qkv(core, layer, "k")[0], kv_heads)
+
+
+def W_V(  # noqa: N802
+    core: BridgeCore, layer: int, kv_heads: bool = False
+) -> Float[Tensor, "head d_model d_head"] | Float[Tensor, "kv_head d_model d_head"]:
+    """Value weights of ``layer``, kv heads repeated to ``n_heads`` (see `W_K`; ``kv_heads=True``: ``_W_V``)."""
+    return _repeat_kv(core, _qkv(core, layer, "v")[0], kv_heads)
+
+
+def b_Q(core: BridgeCore, layer: int) -> Float[Tensor, "head d_head"]:  # noqa: N802
+    """Query bias of ``layer``: a view, or zeros when the family has none."""
+    w, b = _qkv(core, layer, "q")
+    return _zeros(w, core.cfg.n_heads, core.cfg.d_head) if b is None else b
+
+
+def b_K(  # noqa: N802
+    core: BridgeCore, layer: int, kv_heads: bool = False
+) -> Float[Tensor, "head d_head"] | Float[Tensor, "kv_head d_head"]:
+    """Key bias of ``layer`` (repeated to ``n_heads`` like `W_K`; zeros when the family has none)."""
+    w, b = _qkv(core, layer, "k")
+    b = _zeros(w, core.cfg.n_kv_heads, core.cfg.d_head) if b is None else b
+    return _repeat_kv(core, b, kv_heads)
+
+
+def b_V(  # noqa: N802
+    core: BridgeCore, layer: int, kv_heads: bool = False
+) -> Float[Tensor, "head d_head"] | Float[Tensor, "kv_head d_head"]:
+    """Value bias of ``layer`` (repeated to ``n_heads`` like `W_V`; zeros when the family has none)."""
+    w, b = _qkv(core, layer, "v")
+    b = _zeros(w, core.cfg.n_kv_heads, core.cfg.d_head) if b is None else b
+    return _repeat_kv(core, b, kv_heads)
+
+
+def W_O(core: BridgeCore, layer: int) -> Float[Tensor, "head d_head d_model"]:  # noqa: N802
+    """Output weights of ``layer``: ``hook_result[..., h, :] = hook_z[..., h, :] @ W_O[h]``. A view."""
+    c = core.cfg
+    module = get_module(_block(core, layer), core.adapter.o_proj)
+    return _in_out(core, module).view(c.n_heads, c.d_head, c.d_model)
+
+
+def b_O(core: BridgeCore, layer: int) -> Float[Tensor, "d_model"]:  # noqa: N802
+    """Output bias of ``layer`` (added once, not per head): a view, or zeros when the family has none."""
+    module = get_module(_block(core, layer), core.adapter.o_proj)
+    b = _bias(module)
+    return _zeros(module.weight, core.cfg.d_model) if b is None else b
+
+
+# -- MLP (per layer) -------------------------------------------------------------------------------------
+def W_in(core: BridgeCore, layer: int) -> Float[Tensor, "d_model d_mlp"]:  # noqa: N802
+    """MLP input weights: ``hook_pre`` (ungated) or ``hook_pre_linear`` (gated: the up projection). A view."""
+    return _mlp_in(core, layer, gate=False)[0]
+
+
+def b_in(core: BridgeCore, layer: int) -> Float[Tensor, "d_mlp"]:
+    """Bias of `W_in`: a view, or zeros when the family has none."""
+    w, b = _mlp_in(core, layer, gate=False)
+    return _zeros(w, core.cfg.d_mlp) if b is None else b
+
+
+def W_gate(core: BridgeCore, layer: int) -> Float[Tensor, "d_model d_mlp"] | None:  # noqa: N802
+    """Gate weights of a gated MLP (``hook_pre = normalized_input @ W_gate``), a view; None when ungated."""
+    found = _mlp_in(core, layer, gate=True)
+    return None if found is None else found[0]
+
+
+def W_out(core: BridgeCore, layer: int) -> Float[Tensor, "d_mlp d_model"]:  # noqa: N802
+    """MLP output weights: ``hook_post @ W_out + b_out`` is the down projection's output. A view."""
+    return _in_out(core, get_module(_block(core, layer), core.adapter.mlp_down))
+
+
+def b_out(core: BridgeCore, layer: int) -> Float[Tensor, "d_model"]:
+    """Bias of `W_out`: a view, or zeros when the family has none."""
+    module = get_module(_block(core, layer), core.adapter.mlp_down)
+    b = _bias(module)
+    return _zeros(module.weight, core.cfg.d_model) if b is None else b
+
+
+# -- embeddings and unembedding ----------------------------------------------------------------------------
+def W_E(core: BridgeCore) -> Float[Tensor, "d_vocab d_model"]:  # noqa: N802
+    """Token embedding: ``W_E[tokens] == hook_embed``. A view, except where the embedding module scales
+    its output (Gemma: ``√d_model``), which is folded in as TransformerLens does: then a copy."""
+    module = get_module(core.hf_model, core.adapter.embed)
+    w = module.weight
+    _check_d_model(core, w, "W_E")
+    scale = getattr(module, "embed_scale", None)
+    return w if scale is None else w * scale.to(w.dtype)
+
+
+def W_pos(core: BridgeCore) -> Float[Tensor, "pos d_model"]:  # noqa: N802
+    """Learned position embedding by position (OPT's offset of 2 removed): ``W_pos[:pos] == hook_pos_embed``.
+
+    A view. Rotary families have none: raises `WeightNotAvailableError`.
+    """
+    if core.adapter.pos_embed is None:
+        raise WeightNotAvailableError(
+            f"`W_pos`: this model ({core.cfg.model_type}) has no learned position embedding; its positions act "
+            "inside attention by rotary embedding (see the `hook_rot_q` / `hook_rot_k` points)."
+        )
+    module = get_module(core.hf_model, core.adapter.pos_embed)
+    return module.weight[getattr(module, "offset", 0) :]
+
+
+def W_U_raw(core: BridgeCore) -> Float[Tensor, "d_model d_vocab"]:  # noqa: N802
+    """The HF unembedding matrix itself, transposed to ``[d_model, d_vocab]`` (a view; tied models share it
+    with the embedding). The final norm's γ is not in it: see `W_U`."""
+    w = core.hf_model.get_output_embeddings().weight
+    _check_d_model(core, w, "W_U_raw")
+    return w.T
+
+
+def b_U_raw(core: BridgeCore) -> Float[Tensor, "d_vocab"] | None:  # noqa: N802
+    """The HF unembedding bias (a view), or None when the model has none. See `b_U` for the folded bias."""
+    return _bias(core.hf_model.get_output_embeddings())
+
+
+def W_U(core: BridgeCore) -> Float[Tensor, "d_model d_vocab"]:  # noqa: N802
+    """Unembedding with the final norm's weight folded in, as TransformerLens: ``diag(γ) @ W_U_raw``. A copy.
+
+    With `b_U`, ``normalized_final_resid @ W_U + b_U`` are the logits (Gemma 2: before the soft-cap).
+    """
+    raw = W_U_raw(core)
+    gamma, _ = _norm_weight_bias(core, get_module(core.hf_model, core.adapter.ln_final))
+    return (gamma.to(torch.float32)[:, None] * raw.float()).to(raw.dtype)
+
+
+def b_U(core: BridgeCore) -> Float[Tensor, "d_vocab"]:  # noqa: N802
+    """Unembedding bias with the final norm's bias folded in: ``β @ W_U_raw + b_U_raw`` (zeros if neither).
+
+    A copy.
+    """
+    raw = W_U_raw(core)
+    _, beta = _norm_weight_bias(core, get_module(core.hf_model, core.adapter.ln_final))
+    bias = b_U_raw(core)
+    out = _zeros(raw, core.cfg.d_vocab) if bias is None else bias.clone()
+    return out if beta is None else out + beta @ raw
+
+
+# TransformerLens attribute name → per-layer function, for the component objects (``blocks[i].attn.W_Q``).
+LayerWeight = Callable[[BridgeCore, int], Tensor | None]
+ATTN_WEIGHTS: dict[str, LayerWeight] = {
+    "W_Q": W_Q,
+    "W_K": W_K,
+    "W_V": W_V,
+    "W_O": W_O,
+    "b_Q": b_Q,
+    "b_K": b_K,
+    "b_V": b_V,
+    "b_O": b_O,
+    "_W_K": partial(W_K, kv_heads=True),
+    "_W_V": partial(W_V, kv_heads=True),
+    "_b_K": partial(b_K, kv_heads=True),
+    "_b_V": partial(b_V, kv_heads=True),
+}
+MLP_WEIGHTS: dict[str, LayerWeight] = {"W_in": W_in, "W_gate": W_gate, "W_out": W_out, "b_in": b_in, "b_out": b_out}
+
+
+def _stack(core: BridgeCore, fn: LayerWeight) -> Tensor:
+    return torch.stack([fn(core, layer) for layer in range(core.cfg.n_layers)])
+
+
+class WeightProperties:
+    """TransformerLens weight properties stacked over layers, mixed into `TransformerBridge`.
+
+    Every stacked property is a **copy** (``torch.stack``, gradients kept): edit the per-layer views in
+    `transformer_bridge.compat.weights` (``W_Q(model, layer)`` …) to change the model. ``W_K`` / ``W_V`` /
+    ``b_K`` / ``b_V`` repeat a GQA model's kv heads to ``n_heads``; ``_W_K`` … keep ``kv_head``.
+    ``W_U`` / ``b_U`` have the final norm folded in (TransformerLens' numbers); ``W_U_raw`` / ``b_U_raw``
+    are the HF unembedding.
+
+    Example:
+        >>> model.W_Q.shape                                  # [layer, head, d_model, d_head]
+        >>> logits, cache = model.run_with_cache(tokens)
+        >>> lens = cache.accumulated_resid(apply_ln=True)    # [layer + 1, batch, pos, d_model]
+        >>> lens_logits = lens @ model.W_U + model.b_U       # lens_logits[-1] == logits
+    """
+
+    @property
+    def W_Q(self) -> Float[Tensor, "layer head d_model d_head"]:  # noqa: N802
+        """Query weights of every layer (a copy)."""
+        return _stack(self, ATTN_WEIGHTS["W_Q"])
+
+    @property
+    def W_K(self) -> Float[Tensor, "layer head d_model d_head"]:  # noqa: N802
+        """Key weights, kv heads repeated to ``n_heads`` (a copy)."""
+        return _stack(self, ATTN_WEIGHTS["W_K"])
+
+    @property
+    def W_V(self) -> Float[Tensor, "layer head d_model d_head"]:  # noqa: N802
+        """Value weights, kv heads repeated to ``n_heads`` (a copy)."""
+        return _stack(self, ATTN_WEIGHTS["W_V"])
+
+    @property
+    def _W_K(self) -> Float[Tensor, "layer kv_head d_model d_head"]:  # noqa: N802
+        """Key weights over kv heads (a copy)."""
+        return _stack(self, ATTN_WEIGHTS["_W_K"])
+
+    @property
+    def _W_V(self) -> Float[Tensor, "layer kv_head d_model d_head"]:  # noqa: N802
+        """Value weights over kv heads (a copy)."""
+        return _stack(self, ATTN_WEIGHTS["_W_V"])
+
+    @property
+    def W_O(self) -> Float[Tensor, "layer head d_head d_model"]:  # noqa: N802
+        """Attention output weights (a copy)."""
+        return _stack(self, ATTN_WEIGHTS["W_O"])
+
+    @property
+    def b_Q(self) -> Float[Tensor, "layer head d_head"]:  # noqa: N802
+        """Query biases, zeros where the family has none (a copy)."""
+        return _stack(self, ATTN_WEIGHTS["b_Q"])
+
+    @property
+    def b_K(self) -> Float[Tensor, "layer head d_head"]:  # noqa: N802
+        """Key biases, kv heads repeated (a copy)."""
+        return _stack(self, ATTN_WEIGHTS["b_K"])
+
+    @property
+    def b_V(self) -> Float[Tensor, "layer head d_head"]:  # noqa: N802
+        """Value biases, kv heads repeated (a copy)."""
+        return _stack(self, ATTN_WEIGHTS["b_V"])
+
+    @property
+    def _b_K(self) -> Float[Tensor, "layer kv_head d_head"]:  # noqa: N802
+        """Key biases over kv heads (a copy)."""
+        return _stack(self, ATTN_WEIGHTS["_b_K"])
+
+    @property
+    def _b_V(self) -> Float[Tensor, "layer kv_head d_head"]:  # noqa: N802
+        """Value biases over kv heads (a copy)."""
+        return _stack(self, ATTN_WEIGHTS["_b_V"])
+
+    @property
+    def b_O(self) -> Float[Tensor, "layer d_model"]:  # noqa: N802
+        """Attention output biases (a copy)."""
+        return _stack(self, ATTN_WEIGHTS["b_O"])
+
+    @property
+    def W_in(self) -> Float[Tensor, "layer d_model d_mlp"]:  # noqa: N802
+        """MLP input weights (gated MLPs: the up projection) (a copy)."""
+        return _stack(self, MLP_WEIGHTS["W_in"])
+
+    @property
+    def W_gate(self) -> Float[Tensor, "layer d_model d_mlp"] | None:  # noqa: N802
+        """MLP gate weights (a copy); None for ungated MLPs, as in TransformerLens."""
+        return _stack(self, MLP_WEIGHTS["W_gate"]) if self.adapter.gated else None
+
+    @property
+    def W_out(self) -> Float[Tensor, "layer d_mlp d_model"]:  # noqa: N802
+        """MLP output weights (a copy)."""
+        return _stack(self, MLP_WEIGHTS["W_out"])
+
+    @property
+    def b_in(self) -> Float[Tensor, "layer d_mlp"]:
+        """MLP input biases (a copy)."""
+        return _stack(self, MLP_WEIGHTS["b_in"])
+
+    @property
+    def b_out(self) -> Float[Tensor, "layer d_model"]:
+        """MLP output biases (a copy)."""
+        return _stack(self, MLP_WEIGHTS["b_out"])
+
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:  # noqa: N802
+        """Token embedding (a view; Gemma: scaled by √d_model, a copy). See `weights.W_E`."""
+        return W_E(self)
+
+    @property
+    def W_pos(self) -> Float[Tensor, "pos d_model"]:  # noqa: N802
+        """Learned position embedding (a view); raises `WeightNotAvailableError` for rotary models."""
+        return W_pos(self)
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:  # noqa: N802
+        """Unembedding with the final norm's γ folded in (a copy); the HF matrix is `W_U_raw`."""
+        return W_U(self)
+
+    @property
+    def b_U(self) -> Float[Tensor, "d_vocab"]:  # noqa: N802
+        """Unembedding bias with the final norm's β folded in (a copy); the HF bias is `b_U_raw`."""
+        return b_U(self)
+
+    @property
+    def W_U_raw(self) -> Float[Tensor, "d_model d_vocab"]:  # noqa: N802
+        """The HF unembedding matrix as ``[d_model, d_vocab]`` (a view)."""
+        return W_U_raw(self)
+
+    @property
+    def b_U_raw(self) -> Float[Tensor, "d_vocab"] | None:  # noqa: N802
+        """The HF unembedding bias (a view), or None."""
+        return b_U_raw(self)

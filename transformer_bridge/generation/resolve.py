@@ -1,0 +1,427 @@
+"""HF and TransformerLens habits, resolved once into `generate`'s own options: `prepare`.
+
+`generate` takes HF's ``model.generate`` keywords and TransformerLens' ``HookedTransformer.generate``
+keywords with their meaning, then hands `options.plan` one canonical set:
+
+* the prompt: ``input`` (text, token ids, or a tokenizer's output), HF's ``inputs`` / ``input_ids`` /
+  ``attention_mask`` / ``token_type_ids`` (``generate(**tokenizer(texts, return_tensors="pt",
+  padding=True))``), or nothing (HF starts from BOS). Right-padded rows are moved to left padding
+  (`left_aligned`), which gives each row the tokens it gives alone.
+* every option a `GenerationConfig` can hold, resolved as HF resolves it: the explicit keyword, else
+  the ``generation_config`` argument's field, else ``model.hf_model.generation_config``'s field, else
+  `generate`'s default; a field left at ``None`` does not override (`Settings`).
+* lengths: HF's ``max_length`` / ``min_length`` count the prompt (its padded width, as in HF);
+  ``max_new_tokens`` / ``min_new_tokens`` win over them, with HF's warning.
+* aliases: TransformerLens' ``use_past_kv_cache`` (``use_cache``); HF's ``return_dict_in_generate``
+  (``return_dict``, with HF's per-step tuples), ``output_scores``.
+* generation config fields this loop does not implement (`keywords.UNSUPPORTED`) raise from the
+  caller's ``generation_config`` and warn from the model's.
+
+Example:
+    >>> enc = tokenizer(["Hi", "Hello there"], return_tensors="pt", padding=True)   # right-padded
+    >>> out = model.generate(**enc, max_new_tokens=8, return_dict_in_generate=True, output_scores=True)
+    >>> len(out.scores), out.scores[0].shape      # one [batch, d_vocab] per step, as HF's
+"""
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+from transformers import GenerationConfig
+
+from ..checks import ArgumentTypeError, check_bool, check_device, check_int, describe, is_int
+from ..core import BridgeCore, Input, NamesFilter
+from . import options
+from .keywords import UNSUPPORTED, is_number_or_flag
+from .options import Plan
+
+DEFAULT_MAX_NEW_TOKENS = 20  # HF's default `max_length` of 20 counts new tokens when nothing is set
+# Config fields HF's `generate` reads only to pick a cache (Gemma2's config names one); ours is always a
+# `DynamicCache`, and the tokens are the same.
+_CONFIG_IGNORED = frozenset({"cache_implementation"})
+
+
+@dataclass
+class Request:
+    """One `generate` call, resolved: the left-padded prompt, the `Plan`, and what to return."""
+
+    tokens: Int[Tensor, "batch pos"]
+    mask: Int[Tensor, "batch pos"]
+    prompts: list[str] | None  # the text prompts, when the input was text
+    single: bool  # the input was one str
+    text_out: bool
+    plan: Plan
+    return_dict: bool
+    hf_layout: bool  # HF's `return_dict_in_generate`: per-step records as tuples
+    return_cache: bool
+    names: list[str]
+    device: torch.device | None
+
+
+class Settings:
+    """An option's value as HF resolves it: keyword, else ``generation_config``'s field, else the model's.
+
+    Example:
+        >>> s = Settings(GenerationConfig(top_p=0.9), GenerationConfig(top_p=0.8, temperature=0.6))
+        >>> s("top_p", None), s("temperature", None), s("temperature", 1.0), s("top_k", None, 50)
+        (0.9, 0.6, 1.0, 50)
+    """
+
+    def __init__(self, user: GenerationConfig | None, model: GenerationConfig | None) -> None:
+        self.configs = [c for c in (user, model) if c is not None]
+        self.user = user
+
+    def __call__(self, name: str, value: Any, default: Any = None) -> Any:
+        if value is not None:
+            return value
+        for config in self.configs:
+            field = getattr(config, name, None)
+            if field is not None:
+                return field
+        return default
+
+    def by_user(self, name: str, value: Any) -> bool:
+        """Whether the caller set it: the keyword, or the ``generation_config`` they passed."""
+        return value is not None or (self.user is not None and getattr(self.user, name, None) is not None)
+
+
+def prepare(
+    model: BridgeCore,
+    input: Input | Mapping[str, Tensor] | None,
+    max_new_tokens: int | None,
+    *,
+    inputs: Input | Mapping[str, Tensor] | None,
+    input_ids: Tensor | None,
+    attention_mask: Tensor | None,
+    token_type_ids: Tensor | None,
+    generation_config: GenerationConfig | None,
+    max_length: int | None,
+    min_new_tokens: int | None,
+    min_length: int | None,
+    use_cache: bool | None,
+    use_past_kv_cache: bool | None,
+    do_sample: bool | None,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    min_p: float | None,
+    typical_p: float | None,
+    repetition_penalty: float | None,
+    frequency_penalty: float | None,
+    presence_penalty: float | None,
+    freq_penalty: float | None,
+    no_repeat_ngram_size: int | None,
+    bad_words_ids: Sequence[Sequence[int]] | None,
+    logit_bias: Mapping[int, float] | None,
+    eos_token_id: int | Sequence[int] | None,
+    stop_at_eos: bool,
+    pad_token_id: int | None,
+    stop_strings: str | Sequence[str] | None,
+    tokenizer: Any,
+    max_time: float | None,
+    stopping_criteria: Sequence[Callable] | None,
+    logits_processor: Sequence[Callable] | None,
+    num_return_sequences: int | None,
+    num_beams: int | None,
+    length_penalty: float | None,
+    early_stopping: bool | str | None,
+    seed: int | None,
+    generator: torch.Generator | None,
+    streamer: Any,
+    verbose: bool,
+    return_type: str,
+    return_dict: bool,
+    return_dict_in_generate: bool | None,
+    top_logprobs: int,
+    output_logits: bool | None,
+    output_scores: bool | None,
+    return_cache: bool,
+    names_filter: NamesFilter,
+    device: str | torch.device | None,
+    prepend_bos: bool | None,
+    padding_side: str | None,
+) -> Request:
+    """Resolve every argument of `generate` (see the module docstring); raises before any forward.
+
+    Every argument is required here: the defaults live in `generate`'s signature only.
+    """
+    if not isinstance(return_type, str) or return_type not in ("input", "str", "tokens"):
+        raise ValueError(f"`return_type` must be 'input', 'str' or 'tokens', got {describe(return_type)}.")
+    for name, flag in (("return_cache", return_cache), ("return_dict", return_dict)):
+        check_bool(name, flag)
+    if prepend_bos is not None:
+        check_bool("prepend_bos", prepend_bos)
+    if not return_cache and (names_filter is not None or device is not None):
+        raise ValueError("`names_filter` and `device` only apply with `return_cache=True`.")
+    if isinstance(max_new_tokens, GenerationConfig):
+        raise ArgumentTypeError(
+            "`max_new_tokens` (the second positional argument) got a GenerationConfig; HF's `generate` takes "
+            "it there, this one by name: `generate(tokens, generation_config=config)`."
+        )
+    names = model.names_matching(names_filter) if return_cache else []
+    device = check_device(device) if return_cache else None
+
+    settings = Settings(_user_config(generation_config), getattr(model.hf_model, "generation_config", None))
+    _check_configs(settings)
+    tokens, mask, prompts, single = _prompt(
+        model, settings, (input, inputs, input_ids), attention_mask, token_type_ids, prepend_bos, padding_side
+    )
+    text_in = prompts is not None
+    text_out = return_type == "str" or (return_type == "input" and text_in)
+    if text_out:
+        model._require_tokenizer()
+    width = tokens.shape[1]
+    max_new_tokens, min_new_tokens = _lengths(
+        settings, width, model.cfg.n_ctx, max_new_tokens, max_length, min_new_tokens, min_length
+    )
+    do_sample, warpers = _sampling(settings, do_sample, temperature, top_k, top_p, min_p, typical_p, freq_penalty)
+    if use_cache is not None and use_past_kv_cache is not None and use_cache != use_past_kv_cache:
+        raise ValueError(
+            f"`use_cache`={use_cache!r} and `use_past_kv_cache`={use_past_kv_cache!r} disagree; they are one "
+            "option (HF's and TransformerLens' names for it): pass one."
+        )
+    hf_layout = settings("return_dict_in_generate", return_dict_in_generate, False)
+    check_bool("return_dict_in_generate", hf_layout)
+    outputs = {"output_logits": output_logits, "output_scores": output_scores}
+    if not (return_dict or hf_layout):
+        # HF ignores an output flag without `return_dict_in_generate`; one passed here is an error
+        # (`plan` names it), one from a generation config is ignored as HF does.
+        outputs = {k: v if settings.by_user(k, v) else False for k, v in outputs.items()}
+    outputs = {k: settings(k, v, False) for k, v in outputs.items()}
+
+    plan = options.plan(
+        model, width, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
+        use_cache=settings("use_cache", use_cache if use_cache is not None else use_past_kv_cache, True),
+        do_sample=do_sample, **warpers,
+        repetition_penalty=settings("repetition_penalty", repetition_penalty),
+        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, freq_penalty=freq_penalty,
+        no_repeat_ngram_size=settings("no_repeat_ngram_size", no_repeat_ngram_size),
+        bad_words_ids=settings("bad_words_ids", bad_words_ids), logit_bias=logit_bias,
+        # The model's own EOS (its generation config, then config, then tokenizer) is `plan`'s default.
+        eos_token_id=eos_token_id if eos_token_id is not None else getattr(settings.user, "eos_token_id", None),
+        stop_at_eos=stop_at_eos, pad_token_id=_pad_token_id(model, settings, pad_token_id),
+        stop_strings=settings("stop_strings", stop_strings), tokenizer=tokenizer,
+        max_time=settings("max_time", max_time), stopping_criteria=stopping_criteria,
+        logits_processor=logits_processor,
+        num_return_sequences=settings("num_return_sequences", num_return_sequences, 1),
+        num_beams=settings("num_beams", num_beams, 1), length_penalty=settings("length_penalty", length_penalty, 1.0),
+        early_stopping=settings("early_stopping", early_stopping, False), seed=seed, generator=generator,
+        streamer=streamer, verbose=verbose, return_dict=return_dict or hf_layout, top_logprobs=top_logprobs,
+        **outputs,
+    )  # fmt: skip
+    return Request(tokens, mask, prompts, single, text_out, plan, return_dict or hf_layout, hf_layout, return_cache,
+                   names, device)  # fmt: skip
+
+
+def _user_config(config: object) -> GenerationConfig | None:
+    if config is None or isinstance(config, GenerationConfig):
+        return config
+    hint = " Build one: `GenerationConfig(**settings)`." if isinstance(config, Mapping) else ""
+    raise ArgumentTypeError(
+        f"`generation_config` must be a transformers GenerationConfig, got {describe(config)}.{hint}"
+    )
+
+
+def _check_configs(settings: Settings) -> None:
+    """Refuse what the caller's ``generation_config`` asks for and this loop lacks; warn for the model's."""
+    for config in settings.configs:
+        user = config is settings.user
+        for name, (neutral, hint) in UNSUPPORTED.items():
+            value = getattr(config, name, None)
+            if value is None or name in _CONFIG_IGNORED or (is_number_or_flag(value) and value in neutral):
+                continue
+            if user:
+                raise ValueError(f"`generation_config.{name}`={value!r} is not supported by this `generate`: {hint}.")
+            warnings.warn(
+                f"`model.hf_model.generation_config.{name}`={value!r} is ignored: this `generate` does not "
+                f"implement it ({hint}). Set it to None on that config to silence this.",
+                stacklevel=6,  # _check_configs ← prepare ← generate ← no_grad's wrapper ← checked_keywords ← caller
+            )
+
+
+def _prompt(
+    model: BridgeCore,
+    settings: Settings,
+    given: tuple[Any, Any, Any],
+    attention_mask: Tensor | None,
+    token_type_ids: Tensor | None,
+    prepend_bos: bool | None,
+    padding_side: str | None,
+) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"], list[str] | None, bool]:
+    """The left-padded prompt from whichever form it came in; the text prompts; whether it was one str."""
+    if padding_side not in (None, "left", "right"):
+        raise ValueError(f"`padding_side` must be None, 'left' or 'right', got {describe(padding_side)}.")
+    named = [(n, v) for n, v in zip(("input", "inputs", "input_ids"), given, strict=True) if v is not None]
+    if len(named) > 1:
+        raise ValueError(
+            f"The prompt was given {len(named)} times ({', '.join(f'`{n}`' for n, _ in named)}); pass one."
+        )
+    source = named[0][1] if named else None
+    if isinstance(source, Mapping):  # a tokenizer's output passed whole rather than unpacked with **
+        source, attention_mask, token_type_ids = _unpack(source, attention_mask, token_type_ids)
+    if source is None:
+        source = torch.tensor([[_bos(model, settings)]])
+    text = isinstance(source, str) or (
+        isinstance(source, (list, tuple)) and bool(source) and isinstance(source[0], str)
+    )
+    tokens, mask = model.prepare_input(source, attention_mask, prepend_bos)
+    if token_type_ids is not None:
+        _check_token_type_ids(token_type_ids, tokens.shape)
+    if not text:
+        tokens, mask = left_aligned(model, tokens, mask)
+    prompts = None if not text else [source] if isinstance(source, str) else list(source)
+    return tokens, mask, prompts, isinstance(source, str)
+
+
+def _unpack(
+    encoding: Mapping[str, Any], attention_mask: Tensor | None, token_type_ids: Tensor | None
+) -> tuple[Any, Any, Any]:
+    extra = sorted(set(encoding) - {"input_ids", "attention_mask", "token_type_ids"})
+    if "input_ids" not in encoding or extra:
+        raise ValueError(
+            f"A mapping given as the prompt must hold `input_ids` (and may hold `attention_mask`, "
+            f"`token_type_ids`), as a tokenizer's output does; got keys {sorted(encoding)}."
+        )
+    for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+        if value is not None and name in encoding:
+            raise ValueError(f"`{name}` was given twice: in the tokenizer output and as a keyword. Pass one.")
+    return (encoding["input_ids"], encoding.get("attention_mask", attention_mask),
+            encoding.get("token_type_ids", token_type_ids))  # fmt: skip
+
+
+def _bos(model: BridgeCore, settings: Settings) -> int:
+    """HF's prompt when none is given: BOS, batch 1."""
+    tokenizer = model.tokenizer
+    bos = settings("bos_token_id", None, getattr(tokenizer, "bos_token_id", None))
+    bos = bos if bos is not None else getattr(model.hf_model.config, "bos_token_id", None)
+    if not is_int(bos) or not 0 <= bos < model.cfg.d_vocab:
+        raise ValueError(
+            "`generate` got no prompt (`input`, `inputs` or `input_ids`) and the model has no BOS token to start "
+            f"from (got {describe(bos)}). Pass a prompt."
+        )
+    return int(bos)
+
+
+def _check_token_type_ids(token_type_ids: object, shape: torch.Size) -> None:
+    """Accepted only when they change nothing: the supported decoder-only families have no segments."""
+    if not isinstance(token_type_ids, Tensor):
+        raise ArgumentTypeError(
+            f"`token_type_ids` must be None or a tensor [batch, pos], got {describe(token_type_ids)}."
+        )
+    t = token_type_ids[None] if token_type_ids.dim() == 1 else token_type_ids
+    if t.shape != shape:
+        raise ValueError(f"`token_type_ids` shape {tuple(t.shape)} must equal the tokens' shape {tuple(shape)}.")
+    if bool(t.ne(0).any()):
+        raise ValueError(
+            "`token_type_ids` holds non-zero segment ids; the supported decoder-only models have no segment "
+            "embeddings, so `generate` accepts them only all 0 (and ignores them). Drop them: "
+            "`tokenizer(..., return_token_type_ids=False)`."
+        )
+
+
+def left_aligned(
+    model: BridgeCore, tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"]
+) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+    """The batch with each row's real tokens moved to the right end (left padding), as generation needs.
+
+    A right-padded row (a tokenizer's default ``padding_side``) gives, once moved, exactly the tokens
+    it gives alone; HF's ``generate`` instead warns and continues from the padding. A row whose real
+    tokens are not contiguous raises (`prepare_input`'s error).
+
+    Example:
+        >>> left_aligned(model, torch.tensor([[5, 6, 0]]), torch.tensor([[1, 1, 0]]))
+        (tensor([[0, 5, 6]]), tensor([[0, 1, 1]]))
+    """
+    width = tokens.shape[1]
+    real = mask.bool()
+    first = real.int().argmax(-1)
+    last = width - 1 - real.flip(-1).int().argmax(-1)
+    left, contiguous = torch.stack([(last == width - 1).all(), (last - first + 1 == real.sum(-1)).all()]).tolist()
+    if left and contiguous:
+        return tokens, mask
+    if not contiguous:
+        model.prepare_input(tokens, mask, left_padded=True)  # raises, naming the first such row
+    index = (torch.arange(width, device=tokens.device) - (width - 1 - last)[:, None]) % width
+    return tokens.gather(1, index), mask.gather(1, index)
+
+
+def _lengths(
+    settings: Settings,
+    width: int,
+    n_ctx: int | None,
+    max_new_tokens: int | None,
+    max_length: int | None,
+    min_new_tokens: int | None,
+    min_length: int | None,
+) -> tuple[Any, Any]:
+    """``max_new_tokens`` and ``min_new_tokens`` from HF's four length options (``*_length`` count the prompt)."""
+    new, total = settings("max_new_tokens", max_new_tokens), settings("max_length", max_length)
+    if new is not None:
+        if total is not None and settings.by_user("max_length", max_length):
+            _warn_both("max_new_tokens", new, "max_length", total)
+        mine = settings.by_user("max_new_tokens", max_new_tokens)
+    elif total is not None:
+        total = check_int("max_length", total, minimum=1, hint="HF's `max_length` counts the prompt too.")
+        if total <= width:
+            raise ValueError(
+                f"`max_length`={total} counts the prompt (HF's meaning), which is {width} tokens wide: nothing is "
+                "left to generate. Use `max_new_tokens` for the number of new tokens."
+            )
+        new, mine = total - width, settings.by_user("max_length", max_length)
+    else:
+        new, mine = DEFAULT_MAX_NEW_TOKENS, False  # HF: `max_length` 20 + the prompt, capped at the context
+    if not mine and is_int(new) and n_ctx is not None and width < n_ctx:
+        new = min(new, n_ctx - width)  # a default or the model's own setting stops at its context
+    least, least_total = settings("min_new_tokens", min_new_tokens), settings("min_length", min_length)
+    if least is not None:
+        if least_total and settings.by_user("min_length", min_length):
+            _warn_both("min_new_tokens", least, "min_length", least_total)
+    elif least_total is not None:
+        least = max(check_int("min_length", least_total, minimum=0) - width, 0)
+    return new, least
+
+
+def _warn_both(new_name: str, new: Any, total_name: str, total: Any) -> None:
+    warnings.warn(
+        f"Both `{new_name}` (={new}) and `{total_name}` (={total}) are set; `{new_name}` takes precedence, as in "
+        f"HF's `generate`. Pass one.",
+        stacklevel=7,  # _warn_both ← _lengths ← prepare ← generate ← no_grad's wrapper ← checked_keywords ← caller
+    )
+
+
+def _sampling(
+    settings: Settings,
+    do_sample: bool | None,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    min_p: float | None,
+    typical_p: float | None,
+    freq_penalty: float | None,
+) -> tuple[Any, dict[str, Any]]:
+    """``do_sample`` and the warpers' values.
+
+    ``do_sample=None``: sampling exactly when a sampling keyword is given, else the configs' ``do_sample``
+    (HF's default: greedy). When sampling, the configs' warper values fill the ones not given (HF
+    reads them only then too); when greedy, only explicit keywords go on (`plan` warns that they do
+    nothing).
+    """
+    warpers = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "typical_p": typical_p}
+    explicit = freq_penalty is not None or any(v is not None for v in warpers.values())
+    if do_sample is None:
+        do_sample = True if explicit else settings("do_sample", None, False)
+    if do_sample is True:
+        warpers = {name: settings(name, value) for name, value in warpers.items()}
+    return do_sample, warpers
+
+
+def _pad_token_id(model: BridgeCore, settings: Settings, pad_token_id: int | None) -> int | None:
+    """The keyword, the caller's config, the model's generation config (if in the vocabulary), else `plan`'s."""
+    value = settings("pad_token_id", pad_token_id)
+    if settings.by_user("pad_token_id", pad_token_id):
+        return value
+    return value if is_int(value) and 0 <= value < model.cfg.d_vocab else None

@@ -1,0 +1,119 @@
+"""Token inputs: tokenizing text into padded batches, validating attention masks, inferring them.
+
+Text the bridge pads itself is left-padded (each row's last token is in the last column, which
+generation needs); `to_tokens` pads on the side asked for (TransformerLens' default: right). Token
+ids given without a mask get one inferred from leading pad tokens, TransformerLens' rule, with the
+warning HF gives for padded ids without a mask.
+"""
+
+import warnings
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from .checks import describe
+
+PaddingSide = Literal["left", "right"]
+
+
+def tokenize(
+    tokenizer: Any,
+    input: str | Sequence[str],
+    prepend_bos: bool,
+    padding_side: PaddingSide,
+    pad_token_id: int,
+    max_length: int | None = None,
+) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+    """``(tokens, attention_mask)`` for text; ``prepend_bos`` makes every row start with exactly one BOS
+    (``False``: no special tokens at all); rows longer than ``max_length`` keep their first tokens.
+
+    Example:
+        >>> tokens, mask = tokenize(tok, ["Hi", "Hello"], True, "left", tok.pad_token_id)
+    """
+    texts = [input] if isinstance(input, str) else list(input) if isinstance(input, (list, tuple)) else None
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise TypeError(f"`input` must be a str or a non-empty list of str, got {describe(input)}.")
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"`padding_side` must be 'left' or 'right', got {describe(padding_side)}.")
+    rows = [tokenizer(t, add_special_tokens=prepend_bos)["input_ids"] for t in texts]
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if prepend_bos and bos is not None:
+        rows = [r if r[:1] == [bos] else [bos, *r] for r in rows]
+    if max_length is not None:
+        rows = [r[:max_length] for r in rows]
+    if any(len(r) == 0 for r in rows):
+        raise ValueError("`input` contains a string that tokenizes to no tokens; give it some text or BOS.")
+    width = max(len(r) for r in rows)
+    tokens = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        cols = slice(width - len(r), width) if padding_side == "left" else slice(0, len(r))
+        tokens[i, cols] = torch.tensor(r)
+        mask[i, cols] = 1
+    return tokens, mask
+
+
+def infer_attention_mask(
+    tokens: Int[Tensor, "batch pos"], pad_token_id: int | None, bos_token_id: int | None, prepend_bos: bool
+) -> Int[Tensor, "batch pos"] | None:
+    """The mask TransformerLens infers for left-padded ids: leading pad tokens are padding, except the
+    last of them when BOS is the pad token and rows start with BOS (a row of nothing but pad ids stays
+    real). None when no row starts with a pad (so unpadded input keeps HF's own code path); warns as
+    HF does for padded ids without a mask.
+    """
+    if pad_token_id is None:
+        return None
+    leading = (tokens != pad_token_id).long().cumsum(-1) == 0
+    leading &= ~leading.all(-1, keepdim=True)  # a row of nothing but pad ids is taken as real tokens
+    if not bool(leading[:, 0].any()):
+        return None
+    mask = (~leading).long()
+    if prepend_bos and bos_token_id == pad_token_id:
+        n_leading = leading.sum(-1)
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        mask[rows, (n_leading - 1).clamp_min(0)] = 1
+        if bool(mask.all()):
+            return None
+    warnings.warn(
+        "We strongly recommend passing in an `attention_mask` since your input_ids may be padded: rows "
+        f"{leading[:, 0].nonzero().flatten().tolist()[:8]} start with the pad token id {pad_token_id}, so the bridge "
+        "treats those leading tokens as left padding (TransformerLens' rule). Pass `attention_mask=` to choose.",
+        stacklevel=4,
+    )
+    return mask
+
+
+def check_attention_mask(mask: Any, shape: torch.Size, left_padded: bool = False) -> Int[Tensor, "batch pos"]:
+    """A 0/1 mask of ``shape`` with a real token in every row (and only left padding if asked)."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"`attention_mask` must be a tensor [batch, pos] of 0/1, got {describe(mask)}.")
+    mask = mask[None] if mask.dim() == 1 else mask
+    if mask.shape != shape:
+        raise ValueError(f"`attention_mask` shape {tuple(mask.shape)} must equal the tokens' shape {tuple(shape)}.")
+    if mask.dtype.is_complex or mask.device.type == "meta":
+        raise TypeError(f"`attention_mask` must be a real 0/1 tensor, got dtype {mask.dtype} on {mask.device}.")
+    binary = (mask == 0) | (mask == 1)
+    checks = [binary.all(), (mask != 0).any(-1).all()]
+    if left_padded:
+        real = mask != 0
+        checks.append((real[:, 1:] >= real[:, :-1]).all())
+    ok = torch.stack(checks).tolist()  # one device sync
+    if not ok[0]:
+        bad = mask[~binary].flatten()[0].item()
+        raise ValueError(
+            f"`attention_mask` must hold only 0 (padding) and 1 (real token); it holds {bad!r}. Build it with "
+            "`(tokens != pad).long()` or take the tokenizer's."
+        )
+    if not ok[1]:
+        row = int((mask != 0).any(-1).logical_not().nonzero()[0])
+        raise ValueError(f"`attention_mask` row {row} is all padding; every row needs at least one real token.")
+    if left_padded and not ok[2]:
+        row = int((~(real[:, 1:] >= real[:, :-1]).all(-1)).nonzero()[0])
+        raise ValueError(
+            f"`attention_mask` row {row} is not left-padded ({mask[row].tolist()}): generation needs each row's "
+            "padding before its tokens (right padding is moved there for you; padding between tokens is refused)."
+        )
+    return mask.long()

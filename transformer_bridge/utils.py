@@ -1,0 +1,193 @@
+"""What TransformerLens users import from ``transformer_lens.utils``, with the same names and behaviour.
+
+`get_act_name` (TransformerLens' shorthand, aliases and compact forms such as ``"k6"``, resolved by
+the bridge's one name grammar), `to_numpy`, `lm_cross_entropy_loss`, `lm_accuracy`,
+`remove_batch_dim` and `test_prompt`.
+"""
+
+import re
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from . import names
+from .checks import ArgumentTypeError, describe
+
+__all__ = ["get_act_name", "lm_accuracy", "lm_cross_entropy_loss", "remove_batch_dim", "test_prompt", "to_numpy"]
+
+_NAME_ALIAS = {
+    "attn_logits": "attn_scores",
+    "key": "k",
+    "query": "q",
+    "value": "v",
+    "mlp_pre": "pre",
+    "mlp_post": "post",
+}
+_TYPE_ALIAS = {
+    "a": "attn",
+    "attention": "attn",
+    "attn": "attn",
+    "m": "mlp",
+    "mlp": "mlp",
+    "b": "",
+    "block": "",
+    "blocks": "",
+}
+_COMPACT = re.compile(r"([a-z]+)(\d+)([a-z]?.*)")
+
+
+def get_act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
+    """Canonical hook name from TransformerLens shorthand, as ``transformer_lens.utils.get_act_name``.
+
+    Accepts full names (returned as they are), shorthand with a layer, TransformerLens' aliases
+    (``"key"``, ``"query"``, ``"value"``, ``"attn_logits"``, ``"mlp_pre"``, ``"mlp_post"``; ``layer_type``
+    ``"a"`` / ``"m"`` / ``"b"``) and compact forms (``"k6"``, ``"scale4ln1"``). Unknown shorthand raises
+    `KeyError` with close matches. The layer is not checked against a model here (no model is known):
+    negative layers raise, since only a model can resolve them; use ``cache["resid_pre", -1]``.
+
+    Example:
+        >>> get_act_name("k", 6, "a"), get_act_name("scale4ln1"), get_act_name("normalized")
+        ('blocks.6.attn.hook_k', 'blocks.4.ln1.hook_scale', 'ln_final.hook_normalized')
+    """
+    if not isinstance(name, str):
+        raise ArgumentTypeError(f"`name` must be a str such as 'resid_post', got {describe(name)}.")
+    if ("." in name or name.startswith("hook_")) and layer is None and layer_type is None:
+        return name
+    match = _COMPACT.fullmatch(name) if layer is None and layer_type is None else None
+    if match is not None:
+        name, layer, layer_type = match.group(1), int(match.group(2)), match.group(3) or None
+    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, (int, np.integer))):
+        raise ArgumentTypeError(f"`layer` must be an int or None, got {describe(layer)}.")
+    if layer is not None and layer < 0:
+        raise ValueError(
+            f"`layer`={layer}: get_act_name knows no model, so it cannot count layers from the end. Give "
+            f"model.cfg.n_layers + {layer}, or index the cache: cache[{name!r}, {layer}]."
+        )
+    name = _NAME_ALIAS.get(name, name)
+    kind = _TYPE_ALIAS.get(layer_type, layer_type) if layer_type is not None else None
+    norm = kind if kind not in ("", "attn", "mlp") else None
+    full = names.get_act_name(name, None if layer is None else int(layer), norm)
+    if kind in ("attn", "mlp") and f".{kind}." not in full:
+        raise ValueError(f"`layer_type`={layer_type!r} does not fit {name!r}, which is {full!r}; leave it out.")
+    return full
+
+
+def to_numpy(tensor: Any) -> np.ndarray:
+    """A numpy array of a tensor (detached, on the CPU; bfloat16 as float32), list, tuple, number or array.
+
+    Example:
+        >>> to_numpy(torch.tensor([1.0, 2.0]))
+        array([1., 2.], dtype=float32)
+    """
+    if isinstance(tensor, np.ndarray):
+        return tensor
+    if isinstance(tensor, (list, tuple)):
+        return np.array(tensor)
+    if isinstance(tensor, Tensor):
+        tensor = tensor.detach().cpu()
+        return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
+    if isinstance(tensor, (int, float, bool, str)):
+        return np.array(tensor)
+    raise ArgumentTypeError(
+        f"`tensor` must be a tensor, numpy array, list, tuple or scalar, got {type(tensor).__name__}."
+    )
+
+
+def lm_cross_entropy_loss(
+    logits: Float[Tensor, "batch pos d_vocab"],
+    tokens: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    per_token: bool = False,
+) -> Float[Tensor, ""] | Float[Tensor, "batch pos_minus_1"]:
+    """Next-token cross-entropy: logits at position ``p`` predict ``tokens[p + 1]`` (TransformerLens' rule).
+
+    With ``attention_mask``, a prediction counts only when both tokens are real; the mean is over
+    those. ``per_token`` returns the ``[batch, pos - 1]`` losses (masked ones are 0).
+
+    Example:
+        >>> loss = lm_cross_entropy_loss(model(tokens), tokens)
+    """
+    log_probs = F.log_softmax(logits, dim=-1)
+    predicted = log_probs[..., :-1, :].gather(dim=-1, index=tokens[..., 1:, None])[..., 0]
+    if attention_mask is not None:
+        keep = torch.logical_and(attention_mask[:, :-1], attention_mask[:, 1:])
+        predicted = predicted * keep
+        n_tokens = keep.sum()
+    else:
+        n_tokens = predicted.numel()
+    return -predicted if per_token else -predicted.sum() / n_tokens
+
+
+def lm_accuracy(
+    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], per_token: bool = False
+) -> Float[Tensor, ""] | Bool[Tensor, "batch pos_minus_1"]:
+    """Share of positions whose top logit is the next token (``per_token``: the ``[batch, pos - 1]`` hits).
+
+    Example:
+        >>> acc = lm_accuracy(model(tokens), tokens)
+    """
+    hits = logits.argmax(dim=-1)[:, :-1] == tokens[:, 1:]
+    return hits if per_token else hits.sum() / hits.numel()
+
+
+def remove_batch_dim(tensor: Tensor) -> Tensor:
+    """``tensor[0]`` if its first axis has size 1, else ``tensor`` unchanged.
+
+    Example:
+        >>> remove_batch_dim(torch.zeros(1, 5, 3)).shape
+        torch.Size([5, 3])
+    """
+    return tensor.squeeze(0) if tensor.shape[0] == 1 else tensor
+
+
+def test_prompt(
+    prompt: str,
+    answer: str,
+    model: Any,
+    prepend_space_to_answer: bool = True,
+    print_details: bool = True,
+    prepend_bos: bool | None = None,
+    top_k: int = 10,
+) -> list[tuple[str, int]]:
+    """Print how ``model`` ranks each token of ``answer`` after ``prompt`` (exploration helper).
+
+    Returns ``[(answer_token, rank), ...]``; with ``print_details`` also prints each answer token's
+    logit and probability and the ``top_k`` tokens at its position.
+
+    Example:
+        >>> test_prompt("The capital of France is", "Paris", model)
+    """
+    if prepend_space_to_answer and not answer.startswith(" "):
+        answer = " " + answer
+    tokens = model.to_tokens(prompt + answer, prepend_bos=prepend_bos)
+    prompt_length = len(model.to_str_tokens(prompt, prepend_bos=prepend_bos))
+    answer_tokens = tokens[0, prompt_length:]
+    answer_strs = [model.to_string(t[None]) for t in answer_tokens]
+    if print_details:
+        print("Tokenized prompt:", model.to_str_tokens(prompt, prepend_bos=prepend_bos))
+        print("Tokenized answer:", answer_strs)
+    logits = remove_batch_dim(model(tokens))
+    probs = logits.softmax(dim=-1)
+    ranks = []
+    for i, (token, text) in enumerate(zip(answer_tokens.tolist(), answer_strs, strict=True)):
+        at = prompt_length + i - 1  # the position predicting this answer token
+        order = probs[at].argsort(descending=True)
+        rank = int((order == token).nonzero()[0, 0])
+        ranks.append((text, rank))
+        if print_details:
+            print(f"Rank: {rank:<8} {_logit_prob(logits[at], probs[at], token)} Token: |{text}|")
+            for j, t in enumerate(order[:top_k].tolist()):
+                print(f"Top {j}th token. {_logit_prob(logits[at], probs[at], t)} Token: |{model.to_string([t])}|")
+    print(f"Ranks of the answer tokens: {ranks}")
+    return ranks
+
+
+def _logit_prob(logits: Float[Tensor, "d_vocab"], probs: Float[Tensor, "d_vocab"], token: int) -> str:
+    return f"Logit: {logits[token].item():5.2f} Prob: {probs[token].item():6.2%}"
+
+
+test_prompt.__test__ = False  # a helper, not a test: keep pytest from collecting it where it is imported
