@@ -23,6 +23,11 @@ from .hook_points import HookPoint
 
 SUPPORTED_ORIGINALS = ("sdpa", "eager")
 PREFIX = "bridge_"
+# Keyword the attention module's forward pre-hook (`sites.AttnFnSite`) adds; HF passes it through to
+# the attention function. A torch hook, not a lookup keyed by module: torch.compile shares one compiled
+# attention frame across layers and does not guard a module-keyed lookup, so a lookup would run layer
+# 0's hooks on every layer.
+POINTS_KWARG = "bridge_attention_points"
 
 
 @dataclass
@@ -92,7 +97,7 @@ def _original_function(original: str, module: nn.Module) -> Callable:
 def _make_attention(original: str) -> Callable:
     def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
         fn = _original_function(original, module)
-        groups = _HOOKED.get(module)
+        groups = kwargs.pop(POINTS_KWARG, None)
         if groups is None:
             return fn(module, query, key, value, attention_mask, **kwargs)
         edited = hooked_attention(module, query, key, value, attention_mask, groups, **kwargs)

@@ -4,6 +4,7 @@ caches) plus thin methods over the function packages below it: `generation.gener
 `compat/`. Every import points down: nothing below imports this module.
 """
 
+from .compat.components import Components
 from .compat.weights import WeightProperties
 from .core import BridgeConfig, BridgeCore
 from .generation import generate as _generate
@@ -14,7 +15,7 @@ from .relevance import relevance as _relevance
 __all__ = ["BridgeConfig", "TransformerBridge"]
 
 
-class TransformerBridge(WeightProperties, BridgeCore):
+class TransformerBridge(Components, WeightProperties, BridgeCore):
     """Wrap a HF causal LM: TransformerLens-named hook points, caches, hooked generation, relevance.
 
     With no hook registered the model runs its own code: logits are bitwise those of the HF model.

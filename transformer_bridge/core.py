@@ -26,7 +26,7 @@ from .hook_points import HookContext, HookPoint, HookRegistry, NameOrFilter
 from .inputs import PaddingSide, check_attention_mask, infer_attention_mask, tokenize
 from .layers import StopForward, check_layer, start_at, stop_before
 from .names import NameFilter
-from .sites import build_sites, get_module
+from .sites import arm_sites, build_sites, check_sites, get_module
 
 Input = str | Sequence[str] | Tensor
 NamesFilter = NameFilter
@@ -72,6 +72,7 @@ class BridgeCore(nn.Module, HookRegistry):
         self._set_points(sites.points, self.cfg.n_layers)
         self._sites_for = sites.sites_for
         self._stash = sites.stash
+        self._live: dict[Any, None] = {}  # sites whose torch hook is attached, checked after each forward
 
     def __deepcopy__(self, memo: dict) -> "BridgeCore":
         """A bridge over a deep copy of the HF model, with the same hooks registered on the copy.
@@ -150,6 +151,10 @@ class BridgeCore(nn.Module, HookRegistry):
     def _sync(self, point: HookPoint) -> None:
         for site in self._sites_for[point.name]:
             site.sync()
+            if site.attached:
+                self._live[site] = None
+            else:
+                self._live.pop(site, None)
 
     def __repr__(self) -> str:
         c = self.cfg
@@ -359,9 +364,11 @@ class BridgeCore(nn.Module, HookRegistry):
         outer_stash = dict(self._stash)  # a forward run from inside a hook must not clear the outer one's
         self._stash.clear()
         config._attn_implementation = bridged
+        # Under torch.compile, reading `_live` is also a guard: compiled code is retraced when hooks come or go.
+        armed = arm_sites(self._live) if self._live else None
         try:
             with self._context(ctx):
-                return self.hf_model(
+                out = self.hf_model(
                     input_ids=tokens,
                     attention_mask=attention_mask,
                     position_ids=position_ids,
@@ -374,6 +381,9 @@ class BridgeCore(nn.Module, HookRegistry):
             config._attn_implementation = users
             self._stash.clear()
             self._stash.update(outer_stash)
+        if armed:
+            check_sites(self.hook_dict, self._sites_for, armed)
+        return out
 
     def forward_tokens(
         self,
@@ -554,15 +564,17 @@ class BridgeCore(nn.Module, HookRegistry):
         fwd_hooks: Sequence[tuple[NameOrFilter, Callable]] = (),
         bwd_hooks: Sequence[tuple[NameOrFilter, Callable]] = (),
         reset_hooks_end: bool = True,
+        clear_contexts: bool = False,
         **forward_kwargs: Any,
     ) -> Any:
-        """Run a forward with temporary hooks (removed afterwards, also on error).
+        """Run a forward with temporary hooks (removed afterwards, also on error); ``forward_kwargs``
+        go to `forward` (``return_type=None``, ``stop_at_layer`` …).
 
         Example:
             >>> zero = lambda z, hook: z * 0
             >>> logits = model.run_with_hooks("Hi", fwd_hooks=[("blocks.0.attn.hook_z", zero)])
         """
-        with self.hooks(fwd_hooks=fwd_hooks, bwd_hooks=bwd_hooks, reset_hooks_end=reset_hooks_end):
+        with self.hooks(fwd_hooks, bwd_hooks, reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts):
             return self(input, **forward_kwargs)
 
     def names_matching(self, names_filter: NamesFilter, param: str = "names_filter") -> list[str]:

@@ -73,6 +73,32 @@ class HookContext:
         return HookContext(phase, step, positions, ~real, generated)
 
 
+class PointContext(dict):
+    """``hook.ctx``: TransformerLens' per-point dict (``hook.ctx["key"] = value`` survives across
+    forwards until ``hook.clear_context()``), which also answers the attributes of the current
+    chunk's `HookContext` (``hook.ctx.phase``, ``hook.ctx.positions`` …) while a bridge call runs.
+
+    Example:
+        >>> def remember(x, hook):
+        ...     hook.ctx["last_norm"] = x.norm()
+        ...     print(hook.ctx.phase)
+    """
+
+    def __init__(self, point: "HookPoint") -> None:
+        super().__init__()
+        self._point = point
+
+    def __getattr__(self, name: str) -> object:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        ctx = self._point._owner.ctx
+        if ctx is None:
+            raise AttributeError(
+                f"hook.ctx.{name} describes the chunk being computed and exists only while a bridge call runs."
+            )
+        return getattr(ctx, name)
+
+
 class HookPoint:
     """A named activation. Holds the functions registered on it; the bridge runs them.
 
@@ -96,13 +122,46 @@ class HookPoint:
         self.layer_index = int(parts[1]) if parts[0] == "blocks" else (-1 if name.startswith("hook_") else 1 << 30)
         self.fwd_hooks: list[_Entry] = []
         self.bwd_hooks: list[_Entry] = []
+        self._ctx = PointContext(self)
 
     def __repr__(self) -> str:
         return f"HookPoint({self.name!r}, fwd={len(self.fwd_hooks)}, bwd={len(self.bwd_hooks)})"
 
     @property
-    def ctx(self) -> HookContext | None:
-        return self._owner.ctx
+    def ctx(self) -> PointContext:
+        """TransformerLens' per-point dict, which also reads the current `HookContext` (see `PointContext`)."""
+        return self._ctx
+
+    def clear_context(self) -> None:
+        """Empty ``hook.ctx`` (TransformerLens)."""
+        self._ctx.clear()
+
+    # -- TransformerLens' HookPoint methods ------------------------------------------------
+    def add_hook(
+        self, hook: "HookFn", dir: Direction = "fwd", is_permanent: bool = False, level: None = None,
+        prepend: bool = False,
+    ) -> "HookHandle":  # fmt: skip
+        """Register ``hook`` on this point (see `HookRegistry.add_hook`).
+
+        Example:
+            >>> model.blocks[0].attn.hook_pattern.add_hook(lambda p, hook: p * 0)
+        """
+        return self._owner.add_hook(self.name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
+
+    def add_perma_hook(self, hook: "HookFn", dir: Direction = "fwd") -> "HookHandle":
+        """Register a hook that `reset_hooks` keeps (``including_permanent=True`` removes it)."""
+        return self.add_hook(hook, dir=dir, is_permanent=True)
+
+    def remove_hooks(self, dir: Direction | Literal["both"] = "fwd", including_permanent: bool = False,
+                     level: None = None) -> None:  # fmt: skip
+        """Remove this point's hooks in direction ``dir`` (permanent ones only if asked)."""
+        _check_level(level)
+        entries = _by_direction(self, dir)
+        self._owner._remove_entries(e for e in entries if including_permanent or not e.permanent)
+
+    def has_hooks(self, dir: Direction | Literal["both"] = "both", including_permanent: bool = True) -> bool:
+        """Whether this point has hooks in direction ``dir``."""
+        return any(including_permanent or not e.permanent for e in _by_direction(self, dir))
 
     @property
     def active(self) -> bool:
@@ -133,7 +192,7 @@ class HookPoint:
                 # Its producer kept it for the backward pass (softmax, sqrt, relu...): an in-place
                 # edit would break the gradient, so the hook edits a copy that is written back.
                 tensor = tensor.clone()
-            inference = tensor.is_inference()
+            inference = not torch.compiler.is_compiling() and tensor.is_inference()
             # Inference tensors have no version counter: compare with a snapshot instead.
             before = tensor.clone() if inference else tensor._version
             out = entry.fn(tensor, self)
@@ -213,6 +272,20 @@ def check_hook_fn(fn: object, param: str = "hook") -> None:
         ) from None
 
 
+def _by_direction(point: HookPoint, dir: str) -> list["_Entry"]:
+    if dir not in ("fwd", "bwd", "both"):
+        raise ValueError(f"`dir` must be 'fwd', 'bwd' or 'both', got {dir!r}.")
+    return [*(point.fwd_hooks if dir != "bwd" else []), *(point.bwd_hooks if dir != "fwd" else [])]
+
+
+def _check_level(level: object) -> None:
+    if level is not None:
+        raise ValueError(
+            f"`level`={level!r}: hook levels are not used here; each `hooks()` context removes exactly the hooks "
+            "it added. Pass level=None."
+        )
+
+
 @dataclass(eq=False)
 class _Entry:
     fn: HookFn
@@ -274,12 +347,15 @@ class HookRegistry:
         dir: Direction = "fwd",
         is_permanent: bool = False,
         read_only: bool = False,
+        level: None = None,
+        prepend: bool = False,
     ) -> HookHandle:
         """Register ``hook(tensor, hook_point) -> Tensor | None`` on a point or every matching point.
 
         ``dir="bwd"`` registers on the gradient of the activation. Hooks are removed by
         `reset_hooks` unless ``is_permanent``; the returned handle removes exactly this hook.
         ``read_only=True`` promises the hook never edits (its return value is ignored).
+        ``prepend=True`` runs it before the point's other hooks.
 
         Example:
             >>> h = model.add_hook("blocks.0.hook_resid_post", lambda x, hook: x * 0)
@@ -288,12 +364,16 @@ class HookRegistry:
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"`dir` must be 'fwd' or 'bwd', got {dir!r}.")
         check_hook_fn(hook)
+        _check_level(level)
         points = self.resolve(name)
         entries = [_Entry(hook, point, dir, bool(is_permanent), read_only) for point in points]
         done: list[_Entry] = []
         try:
             for entry in entries:
-                entry.hooks.append(entry)
+                if prepend:
+                    entry.hooks.insert(0, entry)
+                else:
+                    entry.hooks.append(entry)
                 done.append(entry)
                 self._sync(entry.point)
         except BaseException:
@@ -325,17 +405,52 @@ class HookRegistry:
                 self._sync(point)
             raise error
 
-    def reset_hooks(self, including_permanent: bool = False) -> None:
-        """Remove all non-permanent hooks (and permanent ones if ``including_permanent``)."""
+    def reset_hooks(
+        self,
+        clear_contexts: bool = True,
+        direction: Direction | Literal["both"] = "both",
+        including_permanent: bool = False,
+        level: None = None,
+    ) -> None:
+        """Remove all non-permanent hooks (and permanent ones if ``including_permanent``), as
+        TransformerLens' ``reset_hooks``; ``clear_contexts`` also empties every ``hook.ctx``."""
+        _check_level(level)
         entries = [
             entry
             for point in self.hook_dict.values()
-            for entry in [*point.fwd_hooks, *point.bwd_hooks]
+            for entry in _by_direction(point, direction)
             if including_permanent or not entry.permanent
         ]
         self._remove_entries(entries)
         for point in self.hook_dict.values():  # heals any state a failure elsewhere left half done
             self._sync(point)
+        if clear_contexts:
+            self.clear_contexts()
+
+    def remove_all_hook_fns(
+        self, direction: Direction | Literal["both"] = "both", including_permanent: bool = False, level: None = None
+    ) -> None:
+        """TransformerLens' name: remove hooks in ``direction`` (contexts are kept)."""
+        self.reset_hooks(
+            clear_contexts=False, direction=direction, including_permanent=including_permanent, level=level
+        )
+
+    def clear_contexts(self) -> None:
+        """Empty every point's ``hook.ctx``."""
+        for point in self.hook_dict.values():
+            point.clear_context()
+
+    def add_perma_hook(self, name: NameFilter, hook: HookFn, dir: Direction = "fwd") -> HookHandle:
+        """A hook `reset_hooks` keeps unless ``including_permanent=True``.
+
+        Example:
+            >>> model.add_perma_hook("blocks.0.hook_resid_post", lambda x, hook: None)
+        """
+        return self.add_hook(name, hook, dir=dir, is_permanent=True)
+
+    def hook_points(self) -> list[HookPoint]:
+        """Every hook point, in canonical order."""
+        return list(self.hook_dict.values())
 
     @contextmanager
     def hooks(
@@ -344,6 +459,7 @@ class HookRegistry:
         bwd_hooks: Iterable[tuple[NameFilter, HookFn]] = (),
         reset_hooks_end: bool = True,
         read_only: bool = False,
+        clear_contexts: bool = False,
     ) -> Iterator["HookRegistry"]:
         """Context manager: hooks added on entry are removed on exit, also after an exception.
 
@@ -368,6 +484,8 @@ class HookRegistry:
         finally:
             if reset_hooks_end:
                 self._remove_entries(e for handle in handles for e in handle._entries)
+            if clear_contexts:
+                self.clear_contexts()
 
     @contextmanager
     def _context(self, ctx: HookContext) -> Iterator[None]:

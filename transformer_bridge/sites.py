@@ -37,6 +37,11 @@ class Site:
     points: dict[str, HookPoint] = field(default_factory=dict)
     served: list[HookPoint] = field(default_factory=list)
     handle: RemovableHandle | None = None
+    fired: bool = False  # set by the torch hook; the bridge checks it after each forward
+
+    @property
+    def attached(self) -> bool:
+        return self.handle is not None
 
     def sync(self) -> None:
         """Attach the torch hook iff a point this site serves has a function (idempotent)."""
@@ -72,6 +77,7 @@ class Site:
         return self.process(self._run, x, inp)
 
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict):
+        self.fired = True
         if args:
             new = self._call(args[0], None)
             return None if new is args[0] else ((new, *args[1:]), kwargs)
@@ -79,6 +85,7 @@ class Site:
         return None if new is kwargs["hidden_states"] else (args, {**kwargs, "hidden_states": new})
 
     def _post(self, module: nn.Module, args: tuple, kwargs: dict, output):
+        self.fired = True
         inp = args[0] if args else kwargs.get("hidden_states")
         out = output[0] if isinstance(output, tuple) else output
         new = self._call(out, inp)
@@ -186,17 +193,41 @@ def head_results(n_heads: int, d_head: int, module: nn.Module, conv1d: bool) -> 
 
 
 class AttnFnSite:
-    """Not a torch hook: routes the layer's attention module through the explicit attention path."""
+    """A forward pre-hook on the layer's attention module that routes it through the explicit path.
+
+    The hook adds this layer's points to the keyword `attention.POINTS_KWARG`, which HF passes on to
+    the registered attention function.
+    """
 
     def __init__(self, module: nn.Module, points: "attention.AttentionPoints") -> None:
         self.module, self.points = module, points
         self.served: list[HookPoint] = []
+        self.handle: RemovableHandle | None = None
+        self.fired = False
 
     def sync(self) -> None:
-        attention.set_hooked(self.module, self.points, any(point.active for point in self.served))
+        wanted = any(point.active for point in self.served)
+        attention.set_hooked(self.module, self.points, wanted)
+        if wanted and self.handle is None:
+            self.handle = self.module.register_forward_pre_hook(self._pre, with_kwargs=True)
+        elif not wanted and self.handle is not None:
+            self.handle.remove()
+            self.handle = None
 
     def detach(self) -> None:
         attention.set_hooked(self.module, self.points, False)
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+    @property
+    def attached(self) -> bool:
+        return self.handle is not None
+
+    def _pre(self, module: nn.Module, args: tuple, kwargs: dict):
+        self.fired = True
+        groups = [*kwargs.get(attention.POINTS_KWARG, ()), self.points]
+        return args, {**kwargs, attention.POINTS_KWARG: groups}
 
 
 def get_module(root: nn.Module, path: str) -> nn.Module:
@@ -377,3 +408,29 @@ def _attn_out_and_mid(site: Site, stash: dict[int, Tensor], layer: int) -> Calla
         return new if new_mid is mid else new_mid - resid_pre
 
     return process
+
+
+@torch.compiler.disable
+def arm_sites(live: dict) -> list:
+    """Mark the attached sites as not yet run; returns them (hooks added during the forward are not checked)."""
+    for site in live:
+        site.fired = False
+    return list(live)
+
+
+@torch.compiler.disable  # runs eagerly even after compiled code: it must see what really ran
+def check_sites(points: dict[str, HookPoint], sites_for: dict[str, list], armed: list) -> None:
+    """Raise when a hooked site did not run: compiled code traced without its hook ran instead."""
+    silent = [site for site in armed if site.attached and not site.fired]
+    if silent:
+        names = [n for n, p in points.items() if p.active and any(s in silent for s in sites_for[n])]
+        raise StaleCompiledHooksError(
+            f"The hooks on {names[:5]} did not run: the forward ran code compiled by `torch.compile` without "
+            "them (compiled code does not see torch hooks added after it was traced). Add hooks before the "
+            "first compiled call, call `torch.compiler.reset()` after changing hooks, or compile the bridge "
+            "(`torch.compile(model)`), not `model.hf_model`. See docs/compile.md."
+        )
+
+
+class StaleCompiledHooksError(RuntimeError):
+    """Hooks did not run because `torch.compile` reused code traced without them."""

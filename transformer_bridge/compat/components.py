@@ -1,0 +1,199 @@
+"""TransformerLens' component tree over the core bridge: ``model.blocks[3].attn.hook_pattern``,
+``model.blocks[3].attn.W_Q``, ``model.blocks[3].ln1``, ``model.embed.W_E``, ``model.unembed.W_U``,
+``model.ln_final``, and root-level points as attributes (``model.hook_embed``).
+
+The components are light views, not modules: each answers attribute lookups with the hook point
+of that name under its prefix, a child view, or a weight (per-layer weights are views of the HF
+parameters where the layout allows, see `compat.weights`). ``.module`` is the HF module.
+"""
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch import nn
+
+from ..core import BridgeCore
+from ..hook_points import HookPoint
+from ..sites import get_module
+from . import weights
+
+Weight = Callable[[BridgeCore, int], Any]
+
+
+class ComponentView:
+    """Hook points under ``prefix`` as attributes, child components, and weights of one layer.
+
+    Example:
+        >>> model.blocks[0].attn.hook_pattern.add_hook(lambda p, hook: None)
+        >>> model.blocks[0].attn.W_Q.shape                 # [n_heads, d_model, d_head]
+    """
+
+    def __init__(
+        self,
+        core: BridgeCore,
+        prefix: str,
+        module: nn.Module | None,
+        children: dict[str, "ComponentView"] | None = None,
+        weight_fns: dict[str, Weight] | None = None,
+        layer: int | None = None,
+        model_weights: dict[str, Callable[[BridgeCore], Any]] | None = None,
+    ) -> None:
+        self._core, self._prefix, self.module = core, prefix, module
+        self._children = children or {}
+        self._weights = weight_fns or {}
+        self._layer = layer
+        self._model_weights = model_weights or {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        point = self._core.hook_dict.get(self._prefix + name)
+        if point is not None:
+            return point
+        if name in self._children:
+            return self._children[name]
+        if name in self._weights:
+            return self._weights[name](self._core, self._layer)
+        if name in self._model_weights:
+            return self._model_weights[name](self._core)
+        if self.module is not None and hasattr(self.module, name):
+            return getattr(self.module, name)
+        raise AttributeError(
+            f"{self._prefix.rstrip('.') or 'model'} has no attribute {name!r}; it has hook points "
+            f"{self.hook_names()}, components {list(self._children)} and weights "
+            f"{[*self._weights, *self._model_weights]}."
+        )
+
+    def hook_names(self) -> list[str]:
+        """The hook points directly on this component (relative names)."""
+        return [n[len(self._prefix) :] for n in self._core.hook_dict if n.startswith(self._prefix)
+                and "." not in n[len(self._prefix) :]]  # fmt: skip
+
+    def hook_points(self) -> list[HookPoint]:
+        """Every hook point under this component."""
+        return [p for n, p in self._core.hook_dict.items() if n.startswith(self._prefix)]
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *self.hook_names(), *self._children, *self._weights, *self._model_weights})
+
+    def __repr__(self) -> str:
+        kind = type(self.module).__name__ if self.module is not None else "component"
+        return f"<{self._prefix.rstrip('.') or 'model'}: {kind}, hook points {self.hook_names()}>"
+
+
+class Blocks:
+    """``model.blocks``: indexable and iterable like TransformerLens' ModuleList of blocks."""
+
+    def __init__(self, views: list[ComponentView]) -> None:
+        self._views = views
+
+    def __getitem__(self, index: int | slice) -> Any:
+        return self._views[index]
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def __iter__(self) -> Iterator[ComponentView]:
+        return iter(self._views)
+
+
+def _norm(core: BridgeCore, prefix: str, path: str | None, root: nn.Module) -> ComponentView | None:
+    if path is None or not any(n.startswith(prefix) for n in core.hook_dict):
+        return None
+    module = get_module(root, path)
+    return ComponentView(
+        core, prefix, module, model_weights={"w": lambda c: module.weight, "b": lambda c: getattr(module, "bias", None)}
+    )
+
+
+def build_components(core: BridgeCore) -> tuple[Blocks, dict[str, ComponentView]]:
+    """``model.blocks`` and the model-level components (``embed``, ``pos_embed``, ``unembed``, ``ln_final``)."""
+    a = core.adapter
+    blocks_module = get_module(core.hf_model, a.blocks)
+    views = []
+    for layer, block in enumerate(blocks_module):
+        p = f"blocks.{layer}."
+        attn = ComponentView(core, p + "attn.", get_module(block, a.attn), weight_fns=weights.ATTN_WEIGHTS, layer=layer)
+        mlp_module = get_module(block, a.mlp_down.rsplit(".", 1)[0]) if "." in a.mlp_down else None
+        mlp = ComponentView(core, p + "mlp.", mlp_module, weight_fns=weights.MLP_WEIGHTS, layer=layer)
+        children: dict[str, ComponentView] = {"attn": attn, "mlp": mlp}
+        for key in ("q_norm", "k_norm"):
+            view = _norm(core, f"{p}attn.{key}.", getattr(a, key), block)
+            if view is not None:
+                attn._children[key] = view
+        for key, path in (("ln1", a.ln1), ("ln2", a.ln2), ("ln1_post", a.attn_out), ("ln2_post", a.mlp_out)):
+            view = _norm(core, f"{p}{key}.", path, block)
+            if view is not None:
+                children[key] = view
+        views.append(ComponentView(core, p, block, children=children, layer=layer))
+    model_level = {
+        "embed": ComponentView(core, "embed.", get_module(core.hf_model, a.embed), model_weights={"W_E": weights.W_E}),
+        "unembed": ComponentView(
+            core,
+            "unembed.",
+            core.hf_model.get_output_embeddings(),
+            model_weights={
+                "W_U": weights.W_U,
+                "b_U": weights.b_U,
+                "W_U_raw": weights.W_U_raw,
+                "b_U_raw": weights.b_U_raw,
+            },
+        ),
+        "ln_final": _norm(core, "ln_final.", a.ln_final, core.hf_model),
+    }
+    if a.pos_embed:
+        model_level["pos_embed"] = ComponentView(
+            core, "pos_embed.", get_module(core.hf_model, a.pos_embed), model_weights={"W_pos": weights.W_pos}
+        )
+    return Blocks(views), {k: v for k, v in model_level.items() if v is not None}
+
+
+class Components:
+    """Mixin for the public class: the component tree and root-level hook points as attributes."""
+
+    @property
+    def blocks(self) -> Blocks:
+        """``model.blocks[i]`` with ``.attn``, ``.mlp``, ``.ln1``, ``.ln2`` and hook points as attributes."""
+        return self._component_tree()[0]
+
+    @property
+    def embed(self) -> ComponentView:
+        return self._component_tree()[1]["embed"]
+
+    @property
+    def unembed(self) -> ComponentView:
+        return self._component_tree()[1]["unembed"]
+
+    @property
+    def ln_final(self) -> ComponentView:
+        return self._component_tree()[1]["ln_final"]
+
+    @property
+    def pos_embed(self) -> ComponentView:
+        model_level = self._component_tree()[1]
+        if "pos_embed" not in model_level:
+            raise weights.WeightNotAvailableError(
+                f"This {self.cfg.model_type} model has no learned position embedding (positions are rotary)."
+            )
+        return model_level["pos_embed"]
+
+    @property
+    def mod_dict(self) -> dict[str, Any]:
+        """TransformerLens' name → module map: every hook point, and the HF modules under ``hf_model.``."""
+        return {**{f"hf_model.{n}": m for n, m in self.hf_model.named_modules() if n}, **self.hook_dict}
+
+    def _component_tree(self) -> tuple[Blocks, dict[str, ComponentView]]:
+        tree = self.__dict__.get("_components")
+        if tree is None:
+            tree = build_components(self)
+            self.__dict__["_components"] = tree
+        return tree
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)  # nn.Module: parameters, buffers, submodules
+        except AttributeError:
+            points = self.__dict__.get("hook_dict")
+            if points is not None and name in points:
+                return points[name]
+            raise
