@@ -6,7 +6,8 @@ whether a hook runs, are the same for every backend; only the kernels differ (in
 
 The bridge's hooks are torch hooks present only while a point has a function, and dynamo does not guard on
 torch hooks (``torch._dynamo.config.skip_nnmodule_hook_guards``), so code traced without a hook can run
-after the hook is added. Tests marked xfail pin the desired behaviour; docs/compile.md says what works now.
+after the hook is added. The bridge therefore checks after each forward that every hooked site ran: when
+it recompiles (compiling the bridge) hooks take effect; when it cannot (compiling `hf_model`), it raises.
 """
 
 import pytest
@@ -20,21 +21,6 @@ RESID = "blocks.0.hook_resid_post"
 # HF model compiled in place under the bridge (`TransformerBridge(torch.compile(hf_model))` behaves
 # like the last).
 WRAPPER, IN_PLACE, HF_MODEL = "torch.compile(model)", "model.compile()", "model.hf_model.compile()"
-
-IGNORED = (
-    "hooks added after the first compiled call are silently ignored: dynamo does not guard on torch hooks "
-    "(skip_nnmodule_hook_guards), so the code traced without them keeps running"
-)
-SHARED_FRAMES = (
-    "HookPoint.run calls tensor.is_inference(), a graph break, so each attention module's forward is compiled "
-    "once and reused by every layer: layer 0's attention hooks run in every layer, later layers' are dropped"
-)
-
-BREAKING = (
-    "a hook that graph-breaks (here `.item()`) splits the compiled forward into per-module frames, which "
-    "dynamo reuses across layers without guarding on their torch hooks: the later layer's hook is dropped"
-)
-
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
