@@ -5,6 +5,7 @@ caches) plus thin methods over the function packages below it: `generation.gener
 """
 
 from .compat.components import Components
+from .compat.tokens import TokenHelpers
 from .compat.weights import WeightProperties
 from .core import BridgeConfig, BridgeCore
 from .generation import generate as _generate
@@ -15,7 +16,7 @@ from .relevance import relevance as _relevance
 __all__ = ["BridgeConfig", "TransformerBridge"]
 
 
-class TransformerBridge(Components, WeightProperties, BridgeCore):
+class TransformerBridge(Components, TokenHelpers, WeightProperties, BridgeCore):
     """Wrap a HF causal LM: TransformerLens-named hook points, caches, hooked generation, relevance.
 
     With no hook registered the model runs its own code: logits are bitwise those of the HF model.

@@ -243,19 +243,26 @@ class BridgeCore(nn.Module, HookRegistry):
         return [tok.decode(row.tolist()) for row in t]
 
     def to_str_tokens(
-        self, input: str | Int[Tensor, "pos"] | Sequence[int], prepend_bos: bool | None = None
-    ) -> list[str]:
-        """The string of each token: ``model.to_str_tokens("Hi there") == ["Hi", " there"]``."""
+        self,
+        input: str | Sequence[str] | Int[Tensor, "... pos"] | Sequence[int],
+        prepend_bos: bool | None = None,
+        padding_side: PaddingSide | None = None,
+    ) -> list[str] | list[list[str]]:
+        """The string of each token, as TransformerLens: one text or sequence → ``list[str]``; a list
+        of texts or a ``[batch, pos]`` tensor → one list per row. Example:
+        ``model.to_str_tokens("Hi there", prepend_bos=False) == ["Hi", " there"]``."""
         tok = self._require_tokenizer()
+        if isinstance(input, (list, tuple)) and input and isinstance(input[0], str):
+            return [self.to_str_tokens(text, prepend_bos, padding_side) for text in input]
         if isinstance(input, str):
             ids = self.to_tokens(input, prepend_bos=prepend_bos, move_to_device=False)[0].tolist()
         else:
             t = torch.as_tensor(input)
             if t.dim() > 1:
-                if t.shape[0] != 1:
-                    raise ValueError(f"`input` must be one sequence, got a batch of shape {tuple(t.shape)}.")
+                if t.shape[0] != 1 or t.dim() > 2:
+                    return [self.to_str_tokens(row) for row in t.reshape(-1, t.shape[-1])]
                 t = t[0]
-            ids = t.tolist()
+            ids = t.reshape(-1).tolist()
         return [tok.decode([i]) for i in ids]
 
     def to_single_token(self, string: str) -> int:
