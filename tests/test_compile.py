@@ -22,6 +22,7 @@ RESID = "blocks.0.hook_resid_post"
 # like the last).
 WRAPPER, IN_PLACE, HF_MODEL = "torch.compile(model)", "model.compile()", "model.hf_model.compile()"
 
+
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     torch._dynamo.reset()

@@ -8,6 +8,7 @@ from .generation import GenerationOutput, sample
 from .hook_points import HookContext, HookHandle, HookPoint
 from .names import LayerOutOfRangeError, NotCachedError, UnknownHookError
 from .relevance import Relevance, RelevanceRun
+from .sites import StaleCompiledHooksError
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -23,6 +24,7 @@ __all__ = [
     "NotCachedError",
     "Relevance",
     "RelevanceRun",
+    "StaleCompiledHooksError",
     "TransformerBridge",
     "UnknownHookError",
     "UnsupportedArchitectureError",
