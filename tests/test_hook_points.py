@@ -105,7 +105,8 @@ def test_ctx_forward_positions_with_left_padding(model):
     seen = {}
 
     def record(x, hook):
-        seen["ctx"] = hook.ctx
+        seen["ctx"] = hook.chunk  # hook.ctx reads the chunk only while the call runs; hook.chunk can be kept
+        assert hook.ctx.positions is hook.chunk.positions
 
     model.run_with_hooks(["Hi", "Hello"], fwd_hooks=[("blocks.0.hook_resid_pre", record)])
     ctx = seen["ctx"]

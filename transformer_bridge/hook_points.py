@@ -94,7 +94,8 @@ class PointContext(dict):
         ctx = self._point._owner.ctx
         if ctx is None:
             raise AttributeError(
-                f"hook.ctx.{name} describes the chunk being computed and exists only while a bridge call runs."
+                f"hook.ctx.{name} describes the chunk being computed and exists only while a bridge call runs; "
+                "keep `hook.chunk` (a HookContext) to read it later."
             )
         return getattr(ctx, name)
 
@@ -131,6 +132,12 @@ class HookPoint:
     def ctx(self) -> PointContext:
         """TransformerLens' per-point dict, which also reads the current `HookContext` (see `PointContext`)."""
         return self._ctx
+
+    @property
+    def chunk(self) -> HookContext | None:
+        """The `HookContext` of the chunk being computed (None outside a bridge call); unlike
+        ``hook.ctx``, which reads it while the call runs, this object can be kept."""
+        return self._owner.ctx
 
     def clear_context(self) -> None:
         """Empty ``hook.ctx`` (TransformerLens)."""
