@@ -136,3 +136,23 @@ def test_forward_from_inside_a_hook(family):
         assert torch.allclose(got, expected, atol=1e-6)
     assert inner["logits"].shape == (1, TOKENS.shape[1], bridge.cfg.d_vocab)
     assert_clean(bridge)
+
+
+def test_stopped_forward_from_inside_a_hook_does_not_upset_the_outer_one():
+    """A nested forward that stops early leaves later sites unrun; the outer forward still ran them all."""
+    bridge = make_bridge("llama")
+    inner = []
+
+    def probe(resid, hook):
+        if not inner:
+            inner.append(bridge(TOKENS[:1], stop_at_layer=0))
+        return resid * 1.5
+
+    with torch.no_grad():
+        expected = bridge.run_with_hooks(TOKENS, fwd_hooks=[("blocks.1.hook_resid_post", lambda x, h: x * 1.5)])
+        bridge.add_hook("blocks.0.hook_resid_post", lambda x, h: None)  # a site the inner forward never reaches
+        got = bridge.run_with_hooks(TOKENS, fwd_hooks=[("blocks.1.hook_resid_post", probe)])
+    assert torch.equal(got, expected)
+    assert inner[0].shape == (1, TOKENS.shape[1], bridge.cfg.d_model)
+    bridge.reset_hooks()
+    assert_clean(bridge)

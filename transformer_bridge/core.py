@@ -26,7 +26,7 @@ from .hook_points import HookContext, HookPoint, HookRegistry, NameOrFilter
 from .inputs import PaddingSide, check_attention_mask, infer_attention_mask, tokenize
 from .layers import StopForward, check_layer, start_at, stop_before
 from .names import NameFilter
-from .sites import arm_sites, build_sites, check_sites, get_module
+from .sites import arm_sites, build_sites, check_sites, disarm_sites, get_module
 
 Input = str | Sequence[str] | Tensor
 NamesFilter = NameFilter
@@ -384,12 +384,14 @@ class BridgeCore(nn.Module, HookRegistry):
                     logits_to_keep=logits_to_keep,
                     **hf_kwargs,
                 )
+            if armed:
+                check_sites(self.hook_dict, self._sites_for, armed)
         finally:
             config._attn_implementation = users
             self._stash.clear()
             self._stash.update(outer_stash)
-        if armed:
-            check_sites(self.hook_dict, self._sites_for, armed)
+            if armed:
+                disarm_sites(armed)
         return out
 
     def forward_tokens(

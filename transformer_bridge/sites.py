@@ -412,16 +412,25 @@ def _attn_out_and_mid(site: Site, stash: dict[int, Tensor], layer: int) -> Calla
 
 @torch.compiler.disable
 def arm_sites(live: dict) -> list:
-    """Mark the attached sites as not yet run; returns them (hooks added during the forward are not checked)."""
+    """Mark the attached sites as not yet run; returns ``(site, had_run)`` pairs for `check_sites` and
+    `disarm_sites` (hooks added during the forward are not checked)."""
+    armed = [(site, site.fired) for site in live]
     for site in live:
         site.fired = False
-    return list(live)
+    return armed
+
+
+@torch.compiler.disable
+def disarm_sites(armed: list) -> None:
+    """After a forward: a site an enclosing forward had already seen run counts as run (nested forwards)."""
+    for site, had_run in armed:
+        site.fired = site.fired or had_run
 
 
 @torch.compiler.disable  # runs eagerly even after compiled code: it must see what really ran
 def check_sites(points: dict[str, HookPoint], sites_for: dict[str, list], armed: list) -> None:
     """Raise when a hooked site did not run: compiled code traced without its hook ran instead."""
-    silent = [site for site in armed if site.attached and not site.fired]
+    silent = [site for site, _ in armed if site.attached and not site.fired]
     if silent:
         names = [n for n, p in points.items() if p.active and any(s in silent for s in sites_for[n])]
         raise StaleCompiledHooksError(
