@@ -112,3 +112,14 @@ def test_two_hooks_in_place_then_returned_compose(model):
         expected = model.run_with_hooks(TOKENS, fwd_hooks=[(name, lambda x, h: double(returned(x, h), h))])
         got = model.run_with_hooks(TOKENS, fwd_hooks=[(name, inplace_none), (name, double)])
     assert torch.allclose(got, expected, atol=1e-6)
+
+
+def test_hooks_that_do_not_edit_keep_the_kernel_path_under_autograd(model):
+    """A hook that may edit but does not (no read_only promise) leaves the logits bitwise HF's, autograd on."""
+
+    def look(x, hook):
+        _ = x.sum()
+
+    logits = model.run_with_hooks(TOKENS, fwd_hooks=[(lambda n: True, look)], attention_mask=MASK)
+    positions = (MASK.cumsum(-1) - 1).clamp_min(0)
+    assert torch.equal(logits, model.hf_model(TOKENS, attention_mask=MASK, position_ids=positions).logits)

@@ -195,20 +195,21 @@ class HookPoint:
             if entry.read_only:
                 entry.fn(tensor, self)
                 continue
+            shown = tensor
             if tensor.requires_grad and torch.is_grad_enabled() and _saved_for_backward(tensor):
                 # Its producer kept it for the backward pass (softmax, sqrt, relu...): an in-place
                 # edit would break the gradient, so the hook edits a copy that is written back.
-                tensor = tensor.clone()
-            inference = not torch.compiler.is_compiling() and tensor.is_inference()
+                shown = tensor.clone()
+            inference = not torch.compiler.is_compiling() and shown.is_inference()
             # Inference tensors have no version counter: compare with a snapshot instead.
-            before = tensor.clone() if inference else tensor._version
-            out = entry.fn(tensor, self)
-            if out is None or out is tensor:
-                changed = not torch.equal(before, tensor) if inference else tensor._version != before
-                if changed:
-                    tensor = tensor.view_as(tensor)
+            before = shown.clone() if inference else shown._version
+            out = entry.fn(shown, self)
+            if out is None or out is shown:
+                changed = not torch.equal(before, shown) if inference else shown._version != before
+                if changed:  # a new object tells the site to write the edit back
+                    tensor = shown if shown is not tensor else shown.view_as(shown)
                 continue
-            check_replacement(out, tensor, entry.fn, self.name)
+            check_replacement(out, shown, entry.fn, self.name)
             tensor = out
         if self.bwd_hooks and tensor.requires_grad:
             # A fresh alias gives the gradient a node of its own, even when the site splits a tensor.
