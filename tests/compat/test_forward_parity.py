@@ -72,3 +72,10 @@ def test_token_helpers(model):
     assert model.to_tokens("abcdef", truncate=True).shape[1] == 7
     assert model.cfg.default_prepend_bos and model.to_tokens("a")[0, 0] == model.cfg.bos_token_id
     assert model.to_tokens("a", prepend_bos=False)[0, 0] != model.cfg.bos_token_id
+
+
+def test_model_accumulated_bias_equals_the_cache_s(model):
+    _, cache = model.run_with_cache(torch.tensor([[5, 6, 7]]), names_filter="resid_pre")
+    for layer in range(model.cfg.n_layers + 1):
+        assert torch.equal(model.accumulated_bias(layer), cache.accumulated_bias(layer))
+    assert torch.equal(model.accumulated_bias(1, mlp_input=True), cache.accumulated_bias(1, mlp_input=True))

@@ -10,8 +10,10 @@ parameters where the layout allows, see `compat.weights`). ``.module`` is the HF
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torch import nn
+from jaxtyping import Float
+from torch import Tensor, nn
 
+from .. import cache_tl
 from ..core import BridgeCore
 from ..hook_points import HookPoint
 from ..sites import get_module
@@ -176,6 +178,17 @@ class Components:
                 f"This {self.cfg.model_type} model has no learned position embedding (positions are rotary)."
             )
         return model_level["pos_embed"]
+
+    def accumulated_bias(
+        self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
+    ) -> Float[Tensor, "d_model"]:
+        """TransformerLens' ``model.accumulated_bias``: the output biases (``b_O``, ``b_out``) of the blocks
+        before ``layer`` (``mlp_input``: plus ``layer``'s ``b_O``), zeros where a family has none.
+
+        Example:
+            >>> model.accumulated_bias(2).shape    # [d_model]
+        """
+        return cache_tl.accumulated_bias(self, layer, mlp_input, include_mlp_biases)
 
     @property
     def mod_dict(self) -> dict[str, Any]:
