@@ -68,6 +68,15 @@ def make_bridge(family: str, seed: int = 0) -> TransformerBridge:
     return TransformerBridge(make_hf(family, seed), char_tokenizer())
 
 
+def perturb_(model: TransformerBridge, scale: float = 0.1, seed: int = 1) -> TransformerBridge:
+    """Add seeded noise to every weight in place, so zero-initialised biases and norms matter in oracles."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.hf_model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+    return model
+
+
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request) -> str:
     return request.param

@@ -10,15 +10,11 @@ from _clean import PROBE, assert_clean
 from conftest import make_bridge
 from torch.utils.hooks import RemovableHandle
 
-from transformer_bridge import attention
-
 STEPS = [  # (object, attribute, when): the calls registration and removal are made of
     (torch.nn.Module, "register_forward_hook", "before"),
     (torch.nn.Module, "register_forward_pre_hook", "before"),
     (RemovableHandle, "remove", "before"),
     (RemovableHandle, "remove", "after"),
-    (attention, "set_hooked", "before"),
-    (attention, "set_hooked", "after"),
 ]
 
 
@@ -50,15 +46,14 @@ class Injector:
 
 
 def state(model):
-    """Registered entries, torch hooks per module, routed attention modules."""
+    """Registered entries and torch hooks per module (attention routing is a pre-hook, so counted)."""
     entries = sorted(
         (p.name, e.dir, getattr(e.fn, "__name__", "?"), e.permanent)
         for p in model.hook_dict.values()
         for e in [*p.fwd_hooks, *p.bwd_hooks]
     )
     torch_hooks = tuple(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.hf_model.modules())
-    routed = frozenset(id(m) for m in attention.routed_modules(model.hf_model))
-    return entries, torch_hooks, routed
+    return entries, torch_hooks
 
 
 def keep(x, hook):
@@ -79,7 +74,7 @@ def _with_ctx(model):
 
 
 OPS = {
-    "add_one": lambda m: m.add_hook("blocks.1.attn.hook_pattern", edit),
+    "add_one": lambda m: m.add_hook("blocks.0.attn.hook_pattern", edit),
     "add_predicate": lambda m: m.add_hook(lambda n: "resid" in n or "rot" in n or "scale" in n, keep),
     "add_fused_neighbour": lambda m: m.add_hook("blocks.0.attn.hook_k", edit),
     "add_list": lambda m: m.add_hook(["blocks.0.attn.hook_v", ("resid_mid", 1), "pattern"], keep),
@@ -87,7 +82,7 @@ OPS = {
     "reset_hooks": lambda m: m.reset_hooks(),
     "reset_including_permanent": lambda m: m.reset_hooks(including_permanent=True),
     "run_with_cache": lambda m: m.run_with_cache(PROBE, names_filter=lambda n: "pattern" in n or "resid" in n),
-    "run_with_hooks": lambda m: m.run_with_hooks(PROBE, fwd_hooks=[("blocks.1.attn.hook_attn_scores", edit)]),
+    "run_with_hooks": lambda m: m.run_with_hooks(PROBE, fwd_hooks=[("blocks.0.attn.hook_attn_scores", edit)]),
     "generate_return_cache": lambda m: m.generate(PROBE, max_new_tokens=2, return_cache=True, names_filter="pattern"),
 }
 

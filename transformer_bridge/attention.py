@@ -9,7 +9,6 @@ then it computes attention explicitly so those points can be read and edited.
 """
 
 import sys
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,11 +39,6 @@ class AttentionPoints:
     pattern: HookPoint
 
 
-# Attention module -> the points of every bridge with a hook there (several bridges may wrap one
-# model). Weak keys: a model that is garbage collected leaves nothing behind.
-_HOOKED: "weakref.WeakKeyDictionary[nn.Module, list[AttentionPoints]]" = weakref.WeakKeyDictionary()
-
-
 def bridge_implementation(original: object) -> str:
     """Register (once) and return the bridge's attention implementation name for ``original``."""
     name = _BRIDGED.get(original)  # type: ignore[arg-type]
@@ -66,25 +60,6 @@ def bridge_implementation(original: object) -> str:
 
 
 _BRIDGED: dict[str, str] = {}
-
-
-def set_hooked(module: nn.Module, points: AttentionPoints, on: bool) -> None:
-    """Route ``module``'s attention through the explicit path for ``points`` (``on``) or stop (idempotent)."""
-    groups = _HOOKED.get(module, [])
-    present = any(g is points for g in groups)
-    if on and not present:
-        _HOOKED[module] = [*groups, points]
-    elif not on and present:
-        rest = [g for g in groups if g is not points]
-        if rest:
-            _HOOKED[module] = rest
-        else:
-            _HOOKED.pop(module, None)
-
-
-def routed_modules(root: nn.Module) -> list[nn.Module]:
-    """The attention modules under ``root`` currently routed through the explicit path."""
-    return [m for m in root.modules() if m in _HOOKED]
 
 
 def _original_function(original: str, module: nn.Module) -> Callable:

@@ -207,7 +207,6 @@ class AttnFnSite:
 
     def sync(self) -> None:
         wanted = any(point.active for point in self.served)
-        attention.set_hooked(self.module, self.points, wanted)
         if wanted and self.handle is None:
             self.handle = self.module.register_forward_pre_hook(self._pre, with_kwargs=True)
         elif not wanted and self.handle is not None:
@@ -215,7 +214,6 @@ class AttnFnSite:
             self.handle = None
 
     def detach(self) -> None:
-        attention.set_hooked(self.module, self.points, False)
         if self.handle is not None:
             self.handle.remove()
             self.handle = None

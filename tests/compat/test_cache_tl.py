@@ -7,7 +7,7 @@ perturbed first (HF initialises biases to 0 and norm weights to 1, which would h
 
 import pytest
 import torch
-from conftest import CONFIGS, FAMILIES, V, char_tokenizer
+from conftest import CONFIGS, FAMILIES, V, char_tokenizer, perturb_
 from transformers import AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge, utils
@@ -22,12 +22,7 @@ def make(family: str, **config) -> TransformerBridge:
     for key, value in config.items():
         setattr(cfg, key, value)
     torch.manual_seed(0)
-    model = TransformerBridge(AutoModelForCausalLM.from_config(cfg).eval(), char_tokenizer())
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.hf_model.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=gen))
-    return model
+    return perturb_(TransformerBridge(AutoModelForCausalLM.from_config(cfg).eval(), char_tokenizer()))
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

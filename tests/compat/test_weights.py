@@ -6,7 +6,7 @@ which would hide a wrong bias layout or a missing γ/β).
 
 import pytest
 import torch
-from conftest import FAMILIES, make_bridge
+from conftest import FAMILIES, make_bridge, perturb_
 
 from transformer_bridge.compat import weights
 from transformer_bridge.compat.weights import ATTN_WEIGHTS, MLP_WEIGHTS, WeightNotAvailableError
@@ -19,12 +19,7 @@ BIASES = {"gpt2": ALL_BIASES, "opt": ALL_BIASES, "gpt_neox": ALL_BIASES, "qwen2"
 
 
 def perturbed(family: str):
-    model = make_bridge(family)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.hf_model.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=gen))
-    return model
+    return perturb_(make_bridge(family))
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
