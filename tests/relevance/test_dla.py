@@ -5,6 +5,7 @@ import torch
 from _models import FAMILIES, make_bridge, random_tokens, tiny_run
 
 from transformer_bridge.relevance import relevance_hooks
+from transformer_bridge.sites import get_module
 
 
 def _randomise_biases(model):
@@ -37,7 +38,8 @@ def test_dla_components_sum_to_the_logit(model, target):
     has_bias = any(lbl.startswith("bias:") for lbl in rel.labels)
     assert rel.kind == "components" and rel.scores.shape[1] == len(rel.labels)
     assert rel.labels[0] == "embed" and "L1H3" in rel.labels and f"L{n - 1}.mlp" in rel.labels
-    assert has_bias == (model.cfg.normalization == "layernorm" or model.b_U_raw is not None)
+    final_norm_bias = getattr(get_module(model.hf_model, model.adapter.ln_final), "bias", None)  # none in OLMo
+    assert has_bias == (final_norm_bias is not None or model.b_U_raw is not None)
     for i, step in enumerate(rel):
         want = logits[0, step.position - 1, step.token_id]
         if target != "logit":

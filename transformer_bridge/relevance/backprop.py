@@ -9,12 +9,12 @@ tokens in each of ``B`` rows costs one forward and ``k`` backwards, not ``B * k`
 from collections.abc import Callable, Sequence
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
-from ..core import BridgeCore
 from ..hook_points import HookPoint
-from .targets import ExplainedToken, Target
+from .protocol import Request
+from .targets import ExplainedToken
 
 # reduce(inputs [replicas, pos, d_model], grads [replicas, pos, d_model]) -> scores [pos]
 Reduce = Callable[[Tensor, Tensor], Tensor]
@@ -38,11 +38,7 @@ def rounds(explained: Sequence[ExplainedToken]) -> list[list[int]]:
 
 
 def backprop_scores(
-    model: BridgeCore,
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    explained: Sequence[ExplainedToken],
-    target: Target,
+    request: Request,
     leaf: str,
     reduce: Reduce,
     hooks: Sequence[tuple[str, Callable]] = (),
@@ -58,6 +54,8 @@ def backprop_scores(
     consecutively and a target is the sum over its replicas. ``logits_fn`` maps the logits read at
     the explained positions before the target (Gemma 2's soft-cap rule).
     """
+    model, tokens, attention_mask = request.model, request.tokens, request.attention_mask
+    explained, target = request.explained, request.target
     stash: dict[str, Tensor] = {}
 
     def make_leaf(x: Tensor, hook: HookPoint) -> Tensor:

@@ -8,45 +8,31 @@
   ``seed``: the floor every faithful method must beat. Cost: none.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping
+from typing import Any
 
 import torch
-from jaxtyping import Int
 from torch import Tensor
 
-from ..cache import ActivationCache
-from ..checks import check_int, describe
 from ..core import BridgeCore
 from .cache_access import require
+from .protocol import Method, Option, Request
 from .result import MethodOutput
-from .targets import ExplainedToken, Target
 
 ATTENTION_MODES = ("last", "rollout")
 
 
 def attention_hooks(model: BridgeCore, mode: str = "last") -> list[str]:
     """The hook points `attention` reads from the cache for ``mode``."""
-    _check_mode(mode)
     layers = [model.cfg.n_layers - 1] if mode == "last" else range(model.cfg.n_layers)
     return [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
 
 
-def attention(
-    model: BridgeCore,
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    explained: Sequence[ExplainedToken],
-    target: Target,
-    cache: ActivationCache | None = None,
-    mode: str = "last",
-) -> MethodOutput:
-    """Head-averaged attention of the predicting position (last layer) or attention rollout.
-
-    Example:
-        >>> out = attention(model, tokens, mask, explained, Target(), cache, mode="rollout")
-    """
-    names = attention_hooks(model, mode)
-    patterns = require(cache, names, "attention", f"mode={mode!r}")
+def attention(request: Request) -> MethodOutput:
+    """Head-averaged attention of the predicting position (last layer) or attention rollout."""
+    mode, explained, tokens = request.options["mode"], request.explained, request.tokens
+    names = attention_hooks(request.model, mode)
+    patterns = require(request.cache, names, "attention", f"mode={mode!r}")
     rows = sorted({e.batch_index for e in explained})
     flows: dict[int, Tensor] = {}
     for b in rows:
@@ -63,29 +49,36 @@ def attention(
     scores = torch.zeros(len(explained), tokens.shape[1])
     for j, e in enumerate(explained):
         scores[j, : e.position] = flows[e.batch_index][e.logit_position, : e.position].cpu()
-        scores[j] *= attention_mask[e.batch_index].cpu().to(scores.dtype)
+        scores[j] *= request.attention_mask[e.batch_index].cpu().to(scores.dtype)
     return MethodOutput(scores.to(tokens.device))
 
 
-def random(
-    model: BridgeCore,
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    explained: Sequence[ExplainedToken],
-    target: Target,
-    cache: ActivationCache | None = None,
-    seed: int = 0,
-) -> MethodOutput:
+def random(request: Request) -> MethodOutput:
     """Seeded uniform scores on the real source positions of each explained token."""
-    seed = check_int("seed", seed, minimum=0, maximum=2**64 - 1, hint="torch seeds are unsigned 64-bit.")
-    g = torch.Generator().manual_seed(seed)
-    scores = torch.rand(len(explained), tokens.shape[1], generator=g)
-    for j, e in enumerate(explained):
+    g = torch.Generator().manual_seed(request.options["seed"])
+    scores = torch.rand(len(request.explained), request.tokens.shape[1], generator=g)
+    for j, e in enumerate(request.explained):
         scores[j, e.position :] = 0.0
-        scores[j] *= attention_mask[e.batch_index].cpu().to(scores.dtype)
-    return MethodOutput(scores.to(tokens.device))
+        scores[j] *= request.attention_mask[e.batch_index].cpu().to(scores.dtype)
+    return MethodOutput(scores.to(request.tokens.device))
 
 
-def _check_mode(mode: object) -> None:
-    if not isinstance(mode, str) or mode not in ATTENTION_MODES:
-        raise ValueError(f"`mode`={describe(mode)} is not valid for method 'attention'; use one of {ATTENTION_MODES}.")
+def _reads(model: BridgeCore, options: Mapping[str, Any]) -> list[str]:
+    return attention_hooks(model, options["mode"])
+
+
+ATTENTION = Method(
+    "attention",
+    attention,
+    "attention weights: last layer or rollout",
+    options=(Option("mode", str, "last", "'last': the last layer's pattern; 'rollout': Abnar & Zuidema's rollout",
+                    choices=ATTENTION_MODES),),
+    reads=_reads,
+)  # fmt: skip
+RANDOM = Method(
+    "random",
+    random,
+    "seeded uniform scores (baseline)",
+    options=(Option("seed", int, 0, "the torch.Generator seed", minimum=0, maximum=2**64 - 1,
+                    hint="torch seeds are unsigned 64-bit."),),
+)  # fmt: skip

@@ -11,69 +11,34 @@
   gap is reported as ``conservation_error``.
 """
 
-from collections.abc import Sequence
-
 import torch
-from jaxtyping import Int
 from torch import Tensor
 
-from ..checks import check_bool, check_int
-from ..core import BridgeCore
 from .backprop import backprop_scores, grad_times_input
 from .lrp import relative_gap
+from .protocol import Method, Option, Request
 from .result import MethodOutput
-from .targets import ExplainedToken, Target
 
 EMBED_POINT = "hook_embed"
 
 
-def grad_x_input(
-    model: BridgeCore,
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    explained: Sequence[ExplainedToken],
-    target: Target,
-    cache=None,
-) -> MethodOutput:
-    """Gradient × token embedding, summed over ``d_model``.
-
-    Example:
-        >>> out = grad_x_input(model, tokens, mask, [ExplainedToken(0, 4, int(tokens[0, 4]))], Target())
-    """
-    scores, values = backprop_scores(
-        model, tokens, attention_mask, explained, target, leaf=EMBED_POINT, reduce=grad_times_input
-    )
+def grad_x_input(request: Request) -> MethodOutput:
+    """Gradient × token embedding, summed over ``d_model``."""
+    scores, values = backprop_scores(request, leaf=EMBED_POINT, reduce=grad_times_input)
     return MethodOutput(scores, values, conservation_error=relative_gap(scores.sum(-1), values))
 
 
-def grad_norm(
-    model: BridgeCore,
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    explained: Sequence[ExplainedToken],
-    target: Target,
-    cache=None,
-) -> MethodOutput:
+def grad_norm(request: Request) -> MethodOutput:
     """L2 norm of the gradient at each token embedding."""
 
     def norm(x: Tensor, g: Tensor) -> Tensor:
         return g[0].float().norm(dim=-1)
 
-    scores, values = backprop_scores(model, tokens, attention_mask, explained, target, leaf=EMBED_POINT, reduce=norm)
+    scores, values = backprop_scores(request, leaf=EMBED_POINT, reduce=norm)
     return MethodOutput(scores, values)
 
 
-def integrated_gradients(
-    model: BridgeCore,
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    explained: Sequence[ExplainedToken],
-    target: Target,
-    cache=None,
-    steps: int = 32,
-    internal_batch_size: int | None = None,
-    keep_first: bool = False,
-) -> MethodOutput:
+def integrated_gradients(request: Request) -> MethodOutput:
     """Integrated gradients from a zero token embedding, ``steps`` midpoint α values.
 
     ``internal_batch_size`` is the number of α values per forward (each forward has batch rows ×
@@ -81,15 +46,12 @@ def integrated_gradients(
     real token (the attention sink) at its own embedding along the whole path, so only the other
     tokens move from 0; the first token's score is then 0.
     """
-    steps = check_int("steps", steps, minimum=1, hint="More steps approximate the path integral better (32 default).")
-    chunk = steps
-    if internal_batch_size is not None:
-        hint = "It is how many α values go through one forward; None sends all `steps` at once."
-        chunk = check_int("internal_batch_size", internal_batch_size, minimum=1, hint=hint)
-    check_bool("keep_first", keep_first)
+    tokens, attention_mask, explained = request.tokens, request.attention_mask, request.explained
+    steps = request.options["steps"]
+    chunk = request.options["internal_batch_size"] or steps
     # moving[b, p]: 1 where the embedding follows the path α·e, 0 where it stays e (kept first token).
     moving = torch.ones(tokens.shape, dtype=torch.float32, device=tokens.device)
-    if keep_first:
+    if request.options["keep_first"]:
         first = attention_mask.long().argmax(-1)  # left padding: the first 1 of each row
         moving[torch.arange(tokens.shape[0], device=tokens.device), first] = 0.0
     alphas = (torch.arange(steps, dtype=torch.float32, device=tokens.device) + 0.5) / steps
@@ -107,29 +69,21 @@ def integrated_gradients(
             e = x[0].float() / float(part[0])
             return (e * g.float().sum(0)).sum(-1)
 
-        scores, _ = backprop_scores(
-            model, tokens, attention_mask, explained, target,
-            leaf=EMBED_POINT, reduce=reduce, leaf_fn=scaled, replicas=len(part),
-        )  # fmt: skip
+        scores, _ = backprop_scores(request, leaf=EMBED_POINT, reduce=reduce, leaf_fn=scaled, replicas=len(part))
         total += scores
     rows = torch.tensor([e.batch_index for e in explained], device=tokens.device)
     scores = total / steps * moving[rows]  # a kept token does not move: its attribution is 0
-    values, baseline = _endpoint_values(model, tokens, attention_mask, explained, target, moving)
+    values, baseline = _endpoint_values(request, moving)
     return MethodOutput(scores, values, conservation_error=relative_gap(scores.sum(-1), values - baseline))
 
 
-def _endpoint_values(
-    model: BridgeCore,
-    tokens: Tensor,
-    mask: Tensor,
-    explained: Sequence[ExplainedToken],
-    target: Target,
-    moving: Tensor,
-) -> tuple[Tensor, Tensor]:
+def _endpoint_values(request: Request, moving: Tensor) -> tuple[Tensor, Tensor]:
     """Target values at the real embedding and at the baseline (one forward of twice the batch).
 
     The baseline is 0 where ``moving`` is 1 and the real embedding where it is 0.
     """
+    model, tokens, mask = request.model, request.tokens, request.attention_mask
+    explained, target = request.explained, request.target
 
     def zero_second_half(x: Tensor, hook) -> Tensor:
         half = x.shape[0] // 2
@@ -145,3 +99,19 @@ def _endpoint_values(
     real = target(logits[rows, cols], ids).float()
     base = target(logits[rows + b, cols], ids).float()
     return real, base
+
+
+GRAD_X_INPUT = Method("grad_x_input", grad_x_input, "gradient × token embedding")
+GRAD_NORM = Method("grad_norm", grad_norm, "L2 norm of the gradient at each token embedding")
+INTEGRATED_GRADIENTS = Method(
+    "integrated_gradients",
+    integrated_gradients,
+    "integrated gradients, zero baseline",
+    options=(
+        Option("steps", int, 32, "number of midpoint α values on the path from 0 to the embedding", minimum=1,
+               hint="More steps approximate the path integral better (32 default)."),
+        Option("internal_batch_size", int, None, "α values per forward (None: all `steps` at once)", minimum=1,
+               optional=True, hint="It is how many α values go through one forward; None sends all `steps` at once."),
+        Option("keep_first", bool, False, "hold each row's first real token at its embedding along the path"),
+    ),
+)  # fmt: skip

@@ -7,18 +7,13 @@ one) and unembedding (and Gemma 2's soft-cap). ``scores`` holds the token's prob
 reproduces the model's output distribution. Cost: ``n_layers`` unembeddings of the explained rows.
 """
 
-from collections.abc import Sequence
-
 import torch
-from jaxtyping import Int
-from torch import Tensor
 
-from ..cache import ActivationCache
 from ..core import BridgeCore
 from ..sites import get_module
 from .cache_access import require
+from .protocol import Method, Request
 from .result import MethodOutput
-from .targets import ExplainedToken, Target
 
 
 def logit_lens_hooks(model: BridgeCore) -> list[str]:
@@ -27,22 +22,16 @@ def logit_lens_hooks(model: BridgeCore) -> list[str]:
 
 
 @torch.no_grad()
-def logit_lens(
-    model: BridgeCore,
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    explained: Sequence[ExplainedToken],
-    target: Target,
-    cache: ActivationCache | None = None,
-) -> MethodOutput:
+def logit_lens(request: Request) -> MethodOutput:
     """Probability (``scores``), rank and target of each explained token after each layer.
 
     Example:
-        >>> out = logit_lens(model, tokens, mask, explained, Target(), cache)
+        >>> out = logit_lens(Request(model, tokens, mask, explained, Target(), cache))
         >>> out.extras["rank"][:, -1]   # 0 for greedy tokens
     """
+    model, explained, target = request.model, request.explained, request.target
     names = logit_lens_hooks(model)
-    acts = require(cache, names, "logit_lens")
+    acts = require(request.cache, names, "logit_lens")
     rows = torch.tensor([e.batch_index for e in explained])
     cols = torch.tensor([e.logit_position for e in explained])
     ids = torch.tensor([e.token_id for e in explained], device=model.device)
@@ -62,3 +51,11 @@ def logit_lens(
     extras = {"rank": torch.stack(ranks, 1).cpu(), "target": torch.stack(values, 1).cpu()}
     labels = [f"L{layer}" for layer in range(model.cfg.n_layers)]
     return MethodOutput(torch.stack(probs, 1).cpu(), kind="layers", labels=labels, extras=extras)
+
+
+LOGIT_LENS = Method(
+    "logit_lens",
+    logit_lens,
+    "token probability and rank per layer",
+    reads=lambda model, options: logit_lens_hooks(model),
+)

@@ -18,42 +18,28 @@ Cost: one forward plus one backward per round (one explained token per batch row
 1.5–2.5 forwards per explained token.
 """
 
-from collections.abc import Sequence
-
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
-from ..cache import ActivationCache
-from ..core import BridgeCore
 from .backprop import backprop_scores, grad_times_input
+from .protocol import Method, Request
 from .result import MethodOutput
 from .rules import Variant, lrp_hooks, softcap_identity
-from .targets import ExplainedToken, Target
 
 INPUT_POINT = "blocks.0.hook_resid_pre"
 
 
-def lrp(
-    model: BridgeCore,
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    explained: Sequence[ExplainedToken],
-    target: Target,
-    variant: Variant = "attnlrp",
-) -> MethodOutput:
+def lrp(request: Request, variant: Variant = "attnlrp") -> MethodOutput:
     """Relevance of every source position for each explained token, by ``variant`` rules.
 
     Example:
-        >>> out = lrp(model, tokens, mask, [ExplainedToken(0, 5, int(tokens[0, 5]))], Target("logit"))
+        >>> out = lrp(Request(model, tokens, mask, (ExplainedToken(0, 5, int(tokens[0, 5])),), Target()), "cp_lrp")
         >>> out.scores.shape   # [explained, pos]
     """
+    model = request.model
     cap = getattr(model.hf_model.config, "final_logit_softcapping", None)
     scores, values = backprop_scores(
-        model,
-        tokens,
-        attention_mask,
-        explained,
-        target,
+        request,
         leaf=INPUT_POINT,
         reduce=grad_times_input,
         hooks=lrp_hooks(model, variant),
@@ -62,37 +48,18 @@ def lrp(
     return MethodOutput(scores, values, conservation_error=relative_gap(scores.sum(-1), values))
 
 
-def attnlrp(
-    model: BridgeCore,
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    explained: Sequence[ExplainedToken],
-    target: Target,
-    cache: ActivationCache | None = None,
-) -> MethodOutput:
-    """AttnLRP (see module docstring); one forward and one backward per round.
-
-    Example:
-        >>> out = attnlrp(model, tokens, mask, [ExplainedToken(0, 5, int(tokens[0, 5]))], Target())
-    """
-    return lrp(model, tokens, attention_mask, explained, target, "attnlrp")
+def attnlrp(request: Request) -> MethodOutput:
+    """AttnLRP (see module docstring); one forward and one backward per round."""
+    return lrp(request, "attnlrp")
 
 
-def cp_lrp(
-    model: BridgeCore,
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    explained: Sequence[ExplainedToken],
-    target: Target,
-    cache: ActivationCache | None = None,
-) -> MethodOutput:
-    """Conservative propagation (CP-LRP); Σ relevance = logit on bias-free families.
+def cp_lrp(request: Request) -> MethodOutput:
+    """Conservative propagation (CP-LRP); Σ relevance = logit on bias-free families."""
+    return lrp(request, "cp_lrp")
 
-    Example:
-        >>> out = cp_lrp(model, tokens, mask, [ExplainedToken(0, 5, int(tokens[0, 5]))], Target())
-        >>> out.scores.sum(-1), out.values   # equal on bias-free families
-    """
-    return lrp(model, tokens, attention_mask, explained, target, "cp_lrp")
+
+ATTNLRP = Method("attnlrp", attnlrp, "attention-aware LRP (gradient × input with AttnLRP rules)")
+CP_LRP = Method("cp_lrp", cp_lrp, "conservative LRP: attention, gates and norm scales constant")
 
 
 def relative_gap(total: Float[Tensor, "explained"], value: Float[Tensor, "explained"]) -> Float[Tensor, "explained"]:

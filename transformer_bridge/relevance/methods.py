@@ -1,9 +1,11 @@
-"""The method registry and `explain`, the one entry point every API path goes through."""
+"""The method registry and `explain`, the one entry point every API path goes through.
 
-import inspect
+Each method module declares its `Method` (function, summary, options, hook points read) next to its
+code; this module lists them, resolves names and options, and builds the `Request` a method runs on.
+"""
+
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -14,32 +16,24 @@ from ..cache import ActivationCache
 from ..checks import ArgumentIndexError, ArgumentTypeError, describe, did_you_mean
 from ..core import BridgeCore
 from . import baselines, dla, gradients, logit_lens, lrp, patching
-from .result import MethodOutput, Relevance
+from .protocol import Method, Request
+from .result import Relevance
 from .targets import ExplainedToken, parse_target
 
-
-@dataclass(frozen=True)
-class Method:
-    """A registered method: its function, the cache hook points it reads, and a one-line summary."""
-
-    fn: Callable[..., MethodOutput]
-    summary: str
-    reads: Callable[..., list[str]] | None = None
-
-
 METHODS: dict[str, Method] = {
-    "attnlrp": Method(lrp.attnlrp, "attention-aware LRP (gradient × input with AttnLRP rules)"),
-    "cp_lrp": Method(lrp.cp_lrp, "conservative LRP: attention, gates and norm scales constant"),
-    "grad_x_input": Method(gradients.grad_x_input, "gradient × token embedding"),
-    "integrated_gradients": Method(gradients.integrated_gradients, "integrated gradients, zero baseline"),
-    "grad_norm": Method(gradients.grad_norm, "L2 norm of the gradient at each token embedding"),
-    "attention": Method(baselines.attention, "attention weights: last layer or rollout", baselines.attention_hooks),
-    "random": Method(baselines.random, "seeded uniform scores (baseline)"),
-    "dla": Method(dla.dla, "direct logit attribution per head, MLP and embedding", dla.dla_hooks),
-    "logit_lens": Method(logit_lens.logit_lens, "token probability and rank per layer", logit_lens.logit_lens_hooks),
-    "attribution_patching": Method(
-        patching.attribution_patching_method, "(clean − corrupted) × gradient per hook point"
-    ),
+    m.name: m
+    for m in (
+        lrp.ATTNLRP,
+        lrp.CP_LRP,
+        gradients.GRAD_X_INPUT,
+        gradients.INTEGRATED_GRADIENTS,
+        gradients.GRAD_NORM,
+        baselines.ATTENTION,
+        baselines.RANDOM,
+        dla.DLA,
+        logit_lens.LOGIT_LENS,
+        patching.ATTRIBUTION_PATCHING,
+    )
 }
 
 
@@ -59,22 +53,26 @@ def relevance_hooks(model: BridgeCore, method: str, **method_kwargs: Any) -> lis
     """Hook points ``method`` reads from the cache; pass them as ``names_filter`` when generating.
 
     Methods that recompute a forward (the LRP and gradient methods) read nothing and return ``[]``.
+    The options are checked as `explain` checks them (those that need the sequences excepted).
 
     Example:
         >>> run = model.forward_pass("Hi", max_new_tokens=4, names_filter=relevance_hooks(model, "dla"))
     """
     spec = get_method(method)
-    _check_options(method, method_kwargs)
-    if spec.reads is None:
-        return []
-    accepted = set(inspect.signature(spec.reads).parameters) - {"model"}
-    return spec.reads(model, **{k: v for k, v in method_kwargs.items() if k in accepted})
+    options = spec.resolve(method_kwargs, model)
+    return [] if spec.reads is None else spec.reads(model, options)
 
 
 def method_options(name: str) -> list[str]:
-    """The extra keyword arguments ``name`` accepts (e.g. ``steps`` for integrated gradients)."""
-    params = list(inspect.signature(get_method(name).fn).parameters)
-    return [p for p in params if p not in ("model", "tokens", "attention_mask", "explained", "target", "cache")]
+    """The extra keyword arguments ``name`` accepts (e.g. ``steps`` for integrated gradients).
+
+    Each is declared once in the method's `Method.options` (type, default, range, doc).
+
+    Example:
+        >>> method_options("integrated_gradients")
+        ['steps', 'internal_batch_size', 'keep_first']
+    """
+    return list(get_method(name).option_names)
 
 
 def explain(
@@ -96,15 +94,17 @@ def explain(
         >>> rel[0].top(3)
     """
     spec = get_method(method)
-    _check_options(method, method_kwargs)
+    spec.check_names(method_kwargs)
     if not explained:
         raise ValueError("Nothing to explain: the list of tokens to explain is empty.")
     _check_explained(explained, tokens)
     spec_target = parse_target(target, model)
     tokens = tokens.to(model.device)
     mask = torch.ones_like(tokens) if attention_mask is None else attention_mask.to(model.device).long()
+    options = spec.resolve(method_kwargs, model, tokens)
+    request = Request(model, tokens, mask, tuple(explained), spec_target, cache, options)
     start = time.perf_counter()
-    out = spec.fn(model, tokens, mask, list(explained), spec_target, cache, **method_kwargs)
+    out = spec.fn(request)
     seconds = time.perf_counter() - start
     tokens_cpu, mask_cpu = tokens.detach().cpu(), mask.detach().cpu()
     return Relevance(
@@ -122,17 +122,6 @@ def explain(
         extras=out.extras,
         seconds=seconds,
     )
-
-
-def _check_options(method: str, method_kwargs: dict[str, Any]) -> None:
-    options = method_options(method)
-    unknown = [k for k in method_kwargs if k not in options]
-    if unknown:
-        names = ", ".join(f"`{k}`" for k in unknown)
-        accepts = f"It accepts {options}." if options else "It accepts no options."
-        raise TypeError(
-            f"Method {method!r} got unknown option(s) {names}.{did_you_mean(unknown[0], options)} {accepts}"
-        )
 
 
 def _check_explained(explained: Sequence[ExplainedToken], tokens: Tensor) -> None:

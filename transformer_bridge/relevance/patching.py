@@ -21,8 +21,8 @@ from ..checks import ArgumentTypeError, describe
 from ..core import BridgeCore
 from ..hook_points import HookPoint
 from .backprop import rounds
+from .protocol import Method, Option, Request
 from .result import MethodOutput
-from .targets import ExplainedToken, Target
 
 
 def default_patching_hooks(model: BridgeCore) -> list[str]:
@@ -172,24 +172,10 @@ def _per_position(name: str, t: Tensor) -> Tensor:
     return t.flatten(2).sum(-1)
 
 
-def attribution_patching_method(
-    model: BridgeCore,
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    explained: Sequence[ExplainedToken],
-    target: Target,
-    cache: ActivationCache | None = None,
-    corrupted_tokens: Tensor | None = None,
-    names: Sequence[str] | None = None,
-) -> MethodOutput:
+def attribution_patching_method(request: Request) -> MethodOutput:
     """Relevance-method form: the target of each explained token is the metric; scores ``[explained, hook, pos]``."""
-    if corrupted_tokens is None:
-        raise ValueError(
-            "Method 'attribution_patching' needs `corrupted_tokens`: a [batch, pos] tensor like the sequences "
-            "with the prompt corrupted (e.g. a different subject), passed as relevance_pass(..., corrupted_tokens=...)."
-        )
-    corrupted = check_tokens(model, "corrupted_tokens", corrupted_tokens, like=tokens)
-    names = hook_names(model, names)
+    model, tokens, explained, target = request.model, request.tokens, request.explained, request.target
+    names = request.options["names"]
     # One metric per round: the targets of one round sit in different rows, so their sum separates.
     groups = rounds(explained)
 
@@ -200,7 +186,8 @@ def attribution_patching_method(
 
         return metric
 
-    per_round = _patching(model, tokens, corrupted, [make_metric(g) for g in groups], names, attention_mask, cache)
+    corrupted, mask = request.options["corrupted_tokens"], request.attention_mask
+    per_round = _patching(model, tokens, corrupted, [make_metric(g) for g in groups], names, mask, request.cache)
     scores = torch.zeros(len(explained), len(names), tokens.shape[1])
     for r, group in enumerate(groups):
         for j in group:
@@ -208,3 +195,18 @@ def attribution_patching_method(
             for h, name in enumerate(names):
                 scores[j, h] = per_round[name][r, e.batch_index]
     return MethodOutput(scores, kind="hooks", labels=names)
+
+
+ATTRIBUTION_PATCHING = Method(
+    "attribution_patching",
+    attribution_patching_method,
+    "(clean − corrupted) × gradient per hook point",
+    options=(
+        Option("corrupted_tokens", Tensor, None, required=True,
+               doc="a [batch, pos] tensor like the sequences with the prompt corrupted (e.g. a different subject), "
+                   "passed as relevance_pass(..., corrupted_tokens=...).",
+               check=lambda value, model, tokens: check_tokens(model, "corrupted_tokens", value, like=tokens)),
+        Option("names", list, None, "hook points to score (a name, a shorthand or a list; None: every "
+               "`hook_resid_pre`)", optional=False, check=lambda value, model, tokens: hook_names(model, value)),
+    ),
+)  # fmt: skip

@@ -1,0 +1,288 @@
+"""One decomposition of the residual stream into what each component adds, and its logit read-out.
+
+The residual stream a layer reads is a sum: the embedding (as it enters the stream, scaled or
+projected), the position embedding, and for each block before it the attention output (each head's
+``hook_result`` plus the output projection's bias) and the MLP output (each neuron's ``hook_post[n] ·
+W_out[n]`` plus the down projection's bias). Behind a sandwich norm (Gemma 2 and 3, OLMo 2's post-norms)
+a sublayer's output is normalised before the residual add; a norm is linear once its scale is fixed, so
+there a part's contribution is the part (centred for LayerNorm) divided by the *cached* scale times the
+norm's weight, and the norm's bias is one more constant part.
+
+`components` lists these parts, in stream order, from cached activations; `logit_attributions`
+projects a stack of parts, normalised by the final norm's cached scale, on the unembedding direction
+of a token (minus a contrast token's), and `readout_biases` gives the constant terms (the final norm's
+bias read by ``W_U``, ``b_U``) that complete the sum to the logit. The cache's TransformerLens methods
+(`decompose_resid`, `stack_head_results`, `get_full_resid_decomposition`, `logit_attrs`) and the
+``dla`` relevance method are views of this one decomposition. Everything family-specific comes from the
+adapter (module paths, norm kind, sandwich norms) and the bridge's hook points; a family whose blocks add
+``hook_attn_out`` and ``hook_mlp_out`` to the stream needs nothing here.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from .sites import get_module
+
+Sublayer = Literal["attn", "mlp"]
+Kind = Literal["embed", "pos_embed", "head", "attn_out", "attn_bias", "neuron", "mlp_out", "mlp_bias"]
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Cached activations by canonical hook name, each already indexed at the positions wanted.
+
+    ``get(name)`` returns the tensor (``[..., d_model]`` for residual-stream points, the same leading
+    axes for every name) or raises a `KeyError` saying what is missing; ``has(name)`` says whether it
+    is there without raising.
+
+    Example:
+        >>> acts = Activations(lambda name: cache[name][:, -1], lambda name: name in cache)
+    """
+
+    get: Callable[[str], Tensor]
+    has: Callable[[str], bool]
+
+
+@dataclass(frozen=True)
+class Component:
+    """One part of the residual stream: its kind, the layer it comes from and its head or neuron index."""
+
+    kind: Kind
+    layer: int | None = None
+    index: int | None = None
+
+    @property
+    def is_bias(self) -> bool:
+        return self.kind in ("attn_bias", "mlp_bias")
+
+
+# -- weights ----------------------------------------------------------------------------------
+def block_module(model: Any, layer: int, path: str) -> nn.Module:
+    """The module at ``path`` (adapter-relative) in block ``layer``."""
+    return get_module(get_module(model.hf_model, model.adapter.blocks)[layer], path)
+
+
+def o_weight(model: Any, layer: int) -> Float[Tensor, "d_model head d_head"]:
+    """The attention output projection of ``layer`` as ``[d_model, head, d_head]`` (a view)."""
+    weight = block_module(model, layer, model.adapter.o_proj).weight
+    weight = weight.T if model.adapter.conv1d else weight  # [d_model, head * d_head]
+    return weight.reshape(weight.shape[0], model.cfg.n_heads, model.cfg.d_head)
+
+
+def out_weight(model: Any, layer: int) -> Float[Tensor, "d_mlp d_model"]:
+    """The MLP's down projection of ``layer`` as TransformerLens' ``W_out`` ``[d_mlp, d_model]`` (a view)."""
+    if getattr(model.adapter, "moe", None) is not None:
+        raise ValueError(
+            f"Layer {layer} of this {model.cfg.model_type!r} model is a mixture of experts: it has no single "
+            "`W_out`, so its output cannot be split into neurons. Use the MLP outputs (`expand_neurons=False`, "
+            "`hook_mlp_out`) instead."
+        )
+    weight = block_module(model, layer, model.adapter.mlp_down).weight
+    return weight if model.adapter.conv1d else weight.T
+
+
+def sublayer_bias(model: Any, layer: int, which: Sublayer) -> Float[Tensor, "d_model"] | None:
+    """``b_O`` (``which="attn"``) or ``b_out`` (``"mlp"``) of ``layer``, None where the family has none."""
+    if which == "mlp" and getattr(model.adapter, "moe", None) is not None:
+        return None  # a mixture's biases live in its experts, inside `hook_mlp_out`
+    path = model.adapter.o_proj if which == "attn" else model.adapter.mlp_down
+    return getattr(block_module(model, layer, path), "bias", None)
+
+
+def norm_weight(model: Any, norm: nn.Module) -> Float[Tensor, "d_model"] | None:
+    """A norm's effective weight γ as float (Gemma's stored ``w`` is ``1 + w``), None if it has none."""
+    weight = getattr(norm, "weight", None)
+    if weight is None:
+        return None
+    weight = weight.detach().float()
+    return 1.0 + weight if model.adapter.norm == "rms_one_plus" else weight
+
+
+def _post_norm(model: Any, layer: int, which: Sublayer) -> nn.Module:
+    return block_module(model, layer, model.adapter.attn_out if which == "attn" else model.adapter.mlp_out)
+
+
+def post_norm_scale_name(layer: int, which: Sublayer) -> str:
+    """The hook point holding the scale of ``layer``'s sandwich norm after ``which``."""
+    return f"blocks.{layer}.{'ln1_post' if which == 'attn' else 'ln2_post'}.hook_scale"
+
+
+def to_resid(
+    model: Any, acts: Activations, layer: int, which: Sublayer, x: Tensor, per_part: bool
+) -> Float[Tensor, "... d_model"]:
+    """What ``x``, a part of ``layer``'s attention or MLP output, adds to the residual stream.
+
+    The identity, except behind a sandwich norm: there ``x`` (centred for LayerNorm) ``/ scale * γ`` at the
+    cached scale. ``per_part``: ``x`` has a head or neuron axis before ``d_model``.
+    """
+    if not model.adapter.sandwich:
+        return x
+    scale = acts.get(post_norm_scale_name(layer, which))
+    scale = scale[..., None, :] if per_part else scale
+    if model.adapter.norm == "layernorm":
+        x = x - x.mean(-1, keepdim=True)
+    x = x / scale.to(x.device, x.dtype)
+    gamma = norm_weight(model, _post_norm(model, layer, which))
+    return x if gamma is None else x * gamma.to(x.device, x.dtype)
+
+
+def _bias_in_resid(model: Any, acts: Activations, layer: int, which: Sublayer, like: Tensor) -> Tensor | None:
+    """The constant that ``which`` of ``layer`` adds: its output bias (through a sandwich norm) and that norm's
+    bias; None when there is neither."""
+    bias = sublayer_bias(model, layer, which)
+    total = None
+    if bias is not None:
+        total = to_resid(model, acts, layer, which, bias.detach().to(like).expand_as(like), per_part=False)
+    beta = getattr(_post_norm(model, layer, which), "bias", None) if model.adapter.sandwich else None
+    if beta is not None:
+        beta = beta.detach().to(like).expand_as(like)
+        total = beta if total is None else total + beta
+    return total
+
+
+# -- the parts --------------------------------------------------------------------------------
+def z_to_result(model: Any, layer: int, z: Float[Tensor, "... head d_head"]) -> Float[Tensor, "... head d_model"]:
+    """``hook_result`` from ``hook_z``: each head's output through the output projection, bias excluded."""
+    dtype = torch.promote_types(z.dtype, o_weight(model, layer).dtype)
+    weight = o_weight(model, layer).detach().to(z.device, dtype)
+    return torch.einsum("...hd,mhd->...hm", z.to(dtype), weight)
+
+
+def head_outputs(model: Any, acts: Activations, layer: int) -> Float[Tensor, "... head d_model"]:
+    """Each head's contribution to the stream in ``layer``: ``hook_result`` (or computed from ``hook_z``)."""
+    name = f"blocks.{layer}.attn.hook_result"
+    z_name = f"blocks.{layer}.attn.hook_z"
+    result = acts.get(name) if acts.has(name) else z_to_result(model, layer, acts.get(z_name))
+    return to_resid(model, acts, layer, "attn", result, per_part=True)
+
+
+def neuron_outputs(model: Any, acts: Activations, layer: int) -> Float[Tensor, "... neuron d_model"]:
+    """Each neuron's contribution ``hook_post[n] · W_out[n]`` in ``layer`` (the bias excluded)."""
+    weight = out_weight(model, layer)
+    post = acts.get(f"blocks.{layer}.mlp.hook_post")
+    dtype = torch.promote_types(post.dtype, weight.dtype)
+    parts = post.to(dtype)[..., None] * weight.detach().to(post.device, dtype)
+    return to_resid(model, acts, layer, "mlp", parts, per_part=True)
+
+
+def components(
+    model: Any,
+    acts: Activations,
+    layer: int,
+    mlp_input: bool = False,
+    heads: bool = False,
+    neurons: bool = False,
+    embeds: bool = True,
+    kinds: tuple[Sublayer, ...] = ("attn", "mlp"),
+) -> tuple[list[Float[Tensor, "... d_model"]], list[Component]]:
+    """The parts of the residual stream that ``layer`` reads (its MLP's input if ``mlp_input``), in stream order.
+
+    ``layer`` is ``0..n_layers`` (``n_layers``: the final norm's input). ``mlp_input`` adds ``layer``'s
+    attention, which its MLP reads (the caller decides whether it does; parallel blocks read none).
+    ``heads``: each head and the attention bias separately, else ``hook_attn_out`` whole; ``neurons``: each
+    neuron and the MLP bias separately, else ``hook_mlp_out`` whole. ``kinds`` limits the blocks' parts to
+    attention or MLP outputs. The parts sum to the residual when everything is included.
+
+    Example:
+        >>> parts, comps = components(model, acts, model.cfg.n_layers, heads=True)
+        >>> torch.stack(parts).sum(0)   # == the final residual stream
+    """
+    parts: list[Tensor] = []
+    comps: list[Component] = []
+
+    def add(x: Tensor, comp: Component) -> None:
+        parts.append(x)
+        comps.append(comp)
+
+    if embeds:
+        resid0 = acts.get("blocks.0.hook_resid_pre")
+        if "hook_pos_embed" in model.hook_dict:
+            pos = acts.get("hook_pos_embed").expand_as(resid0)
+            add(resid0 - pos, Component("embed"))  # the embedding as it enters the stream (scaled, projected)
+            add(pos, Component("pos_embed"))
+        else:
+            add(resid0, Component("embed"))
+    for i in range(layer + mlp_input):
+        if "attn" in kinds:
+            if heads:
+                per_head = head_outputs(model, acts, i)
+                for h, x in enumerate(per_head.unbind(-2)):
+                    add(x, Component("head", i, h))
+                bias = _bias_in_resid(model, acts, i, "attn", per_head[..., 0, :])
+                if bias is not None:
+                    add(bias, Component("attn_bias", i))
+            else:
+                add(acts.get(f"blocks.{i}.hook_attn_out"), Component("attn_out", i))
+        if "mlp" in kinds and i < layer:
+            if neurons:
+                per_neuron = neuron_outputs(model, acts, i)
+                for n, x in enumerate(per_neuron.unbind(-2)):
+                    add(x, Component("neuron", i, n))
+                bias = _bias_in_resid(model, acts, i, "mlp", per_neuron[..., 0, :])
+                if bias is not None:
+                    add(bias, Component("mlp_bias", i))
+            else:
+                add(acts.get(f"blocks.{i}.hook_mlp_out"), Component("mlp_out", i))
+    return parts, comps
+
+
+# -- the logit read-out -----------------------------------------------------------------------
+def final_normalized(
+    model: Any, stack: Float[Tensor, "component ... d_model"], scale: Float[Tensor, "... 1"]
+) -> Float[Tensor, "component ... d_model"]:
+    """Each part through the final norm at its cached ``scale``: centred (LayerNorm), divided by it."""
+    if model.cfg.normalization == "layernorm":
+        stack = stack - stack.mean(-1, keepdim=True)
+    return stack / scale.to(stack.device, stack.dtype)
+
+
+def logit_direction(
+    model: Any, tokens: Int[Tensor, "..."], contrast: Int[Tensor, "..."] | int | None = None
+) -> Float[Tensor, "... d_model"]:
+    """``γ ⊙ W_U[:, token]`` (minus the contrast token's): what a normalised residual is read along."""
+    direction = model.unembed_directions(tokens)
+    if contrast is not None:
+        direction = direction - model.unembed_directions(contrast)
+    return direction
+
+
+def logit_attributions(
+    model: Any,
+    stack: Float[Tensor, "component ... d_model"],
+    direction: Float[Tensor, "... d_model"],
+    scale: Float[Tensor, "... 1"] | None = None,
+) -> Float[Tensor, "component ..."]:
+    """Each part's direct effect on the logit: normalised by the final norm's ``scale`` (unless None: already
+    normalised) and projected on ``direction`` (`logit_direction`)."""
+    if scale is not None:
+        stack = final_normalized(model, stack, scale)
+    return (stack * direction.to(stack.device, stack.dtype)).sum(-1)
+
+
+def readout_biases(
+    model: Any, tokens: Int[Tensor, "n"], contrast: int | None = None
+) -> tuple[Float[Tensor, "bias n"], list[str]]:
+    """The constant terms of each token's logit: ``β · W_U[:, t]`` (``bias:ln_final``, a final norm with a
+    bias) and ``b_U[t]`` (``bias:unembed``), minus the contrast token's; ``[0, n]`` when there are none."""
+    rows, labels = [], []
+    unembed = model.hf_model.get_output_embeddings()
+    w = unembed.weight.detach().float()
+    tokens = tokens.to(w.device)
+    beta = getattr(get_module(model.hf_model, model.adapter.ln_final), "bias", None)
+    if beta is not None:
+        read = w[tokens] - (w[contrast] if contrast is not None else 0.0)
+        rows.append(read @ beta.detach().float())
+        labels.append("bias:ln_final")
+    b_u = getattr(unembed, "bias", None)  # the raw bias, `b_U_raw`
+    if b_u is not None:
+        b = b_u.detach().float()
+        rows.append(b[tokens] - (b[contrast] if contrast is not None else 0.0))
+        labels.append("bias:unembed")
+    if not rows:
+        return torch.zeros(0, len(tokens)), []
+    return torch.stack(rows).cpu(), labels
