@@ -20,10 +20,21 @@ from typing import Any, Literal
 
 import torch
 from jaxtyping import Float
-from torch import Tensor, nn
+from torch import Tensor
 
 from .checks import ArgumentIndexError, ArgumentTypeError, describe
-from .sites import get_module
+from .decompose import (
+    Activations,
+    components,
+    head_outputs,
+    logit_attributions,
+    logit_direction,
+    o_weight,
+    out_weight,
+    sublayer_bias,
+    to_resid,
+    z_to_result,
+)
 
 Cache = Any  # an `ActivationCache`; not imported, since cache.py imports this module
 Sublayer = Literal["attn", "mlp"]
@@ -134,23 +145,12 @@ def decompose_resid(
     model = cache._need_model()
     layer = resolve_layer(layer, model.cfg.n_layers)
     mid = mlp_reads_attn(model, layer, mlp_input)
-    parts, labels = [], []
-    if incl_embeds:
-        resid0 = cache._at_pos(cache._get("blocks.0.hook_resid_pre", "decompose_resid"), pos_slice)
-        if "hook_pos_embed" in model.hook_dict:
-            pos = cache._at_pos(cache._get("hook_pos_embed", "decompose_resid"), pos_slice).expand_as(resid0)
-            parts += [resid0 - pos, pos]  # the embedding as it enters the stream (scaled, projected)
-            labels += ["embed", "pos_embed"]
-        else:
-            parts.append(resid0)
-            labels.append("embed")
-    for i in range(layer + mid):
-        for kind in ("attn", "mlp"):
-            if mode in ("all", kind) and (kind == "attn" or i < layer):
-                parts.append(cache._at_pos(cache._get(f"blocks.{i}.hook_{kind}_out", "decompose_resid"), pos_slice))
-                labels.append(f"{i}_{kind}_out")
+    kinds = ("attn", "mlp") if mode == "all" else (mode,)
+    acts = _acts(cache, pos_slice, "decompose_resid")
+    parts, comps = components(model, acts, layer, mid, embeds=incl_embeds, kinds=kinds)
     if not parts:
         raise ValueError(f"Nothing to decompose: layer={layer}, mode={mode!r} and incl_embeds=False select no part.")
+    labels = [_label(c) for c in comps]
     return _out(cache, torch.stack(parts), labels, layer, mlp_input, apply_ln, pos_slice, return_labels)
 
 
@@ -208,14 +208,11 @@ def logit_attrs(
         )
     if not has_applied_ln:
         residual_stack = apply_ln_to_stack(cache, residual_stack, None, False, pos_slice, batch_slice, has_batch_dim)
-    direction = model.unembed_directions(ids[0])
-    if ids[1] is not None:
-        direction = direction - model.unembed_directions(ids[1])
-    direction = direction.to(residual_stack.device, residual_stack.dtype)
+    direction = logit_direction(model, ids[0], ids[1])
     per_row = has_batch_dim and cache.has_batch_dim and residual_stack.dim() == 4
     if direction.dim() == 2 and per_row and direction.shape[0] == residual_stack.shape[1]:
         direction = direction[:, None, :]  # one token per batch row: broadcast over positions
-    return (residual_stack * direction).sum(-1)
+    return logit_attributions(model, residual_stack, direction)
 
 
 def _token_ids(model: Any, tokens: Any, param: str) -> Tensor | None:
@@ -241,46 +238,26 @@ def _model(cache: Cache) -> Any:
     return model
 
 
-def _module(model: Any, layer: int, path: str) -> nn.Module:
-    return get_module(get_module(model.hf_model, model.adapter.blocks)[layer], path)
+def _acts(cache: Cache, pos_slice: Any, why: str) -> Activations:
+    """The cache's activations at ``pos_slice``, for `decompose`; a missing one raises saying ``why`` it is read."""
+    return Activations(lambda name: cache._at_pos(cache._get(name, why), pos_slice), cache.cache_dict.__contains__)
 
 
-def o_weight(model: Any, layer: int) -> Float[Tensor, "d_model head d_head"]:
-    """The attention output projection of ``layer`` as ``[d_model, head, d_head]`` (a view)."""
-    weight = _module(model, layer, model.adapter.o_proj).weight
-    weight = weight.T if model.adapter.conv1d else weight  # [d_model, head * d_head]
-    return weight.reshape(weight.shape[0], model.cfg.n_heads, model.cfg.d_head)
-
-
-def out_weight(model: Any, layer: int) -> Float[Tensor, "d_mlp d_model"]:
-    """The MLP's down projection of ``layer`` as TransformerLens' ``W_out`` ``[d_mlp, d_model]`` (a view)."""
-    weight = _module(model, layer, model.adapter.mlp_down).weight
-    return weight if model.adapter.conv1d else weight.T
-
-
-def sublayer_bias(model: Any, layer: int, which: Sublayer) -> Float[Tensor, "d_model"] | None:
-    """``b_O`` (``which="attn"``) or ``b_out`` (``"mlp"``) of ``layer``, None where the family has none."""
-    path = model.adapter.o_proj if which == "attn" else model.adapter.mlp_down
-    return getattr(_module(model, layer, path), "bias", None)
+def _label(component: Any) -> str:
+    """TransformerLens' label of a `decompose.Component`: ``embed``, ``L0H3``, ``0_attn_out``, ``L0N5``."""
+    kind, layer, index = component.kind, component.layer, component.index
+    if kind in ("embed", "pos_embed"):
+        return kind
+    if kind in ("head", "neuron"):
+        return f"L{layer}{'H' if kind == 'head' else 'N'}{index}"
+    return f"{layer}_{kind}"
 
 
 def _to_resid(
     cache: Cache, model: Any, layer: int, which: Sublayer, x: Tensor, pos_slice: Any, per_part: bool
 ) -> Tensor:
-    """What ``x``, a part of ``layer``'s attention or MLP output, adds to the residual stream.
-
-    The identity except behind Gemma 2's sandwich norms: there ``x / scale * γ`` at the cached scale.
-    ``per_part``: ``x`` has a head or neuron axis before ``d_model``.
-    """
-    if not model.adapter.sandwich:
-        return x
-    norm = "ln1_post" if which == "attn" else "ln2_post"
-    scale = cache._at_pos(cache._get(f"blocks.{layer}.{norm}.hook_scale", f"The {which} decomposition"), pos_slice)
-    scale = scale[..., None, :] if per_part else scale
-    module = _module(model, layer, model.adapter.attn_out if which == "attn" else model.adapter.mlp_out)
-    gamma = module.weight.detach().float()
-    gamma = 1.0 + gamma if model.adapter.norm == "rms_one_plus" else gamma
-    return x / scale.to(x.device, x.dtype) * gamma.to(x.device, x.dtype)
+    """What ``x``, a part of ``layer``'s attention or MLP output, adds to the residual stream (`decompose.to_resid`)."""
+    return to_resid(model, _acts(cache, pos_slice, f"The {which} decomposition"), layer, which, x, per_part)
 
 
 def _matched(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -289,14 +266,6 @@ def _matched(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 # -- heads ------------------------------------------------------------------------------------
-def z_to_result(
-    model: Any, layer: int, z: Float[Tensor, "... pos head d_head"]
-) -> Float[Tensor, "... pos head d_model"]:
-    """``hook_result`` from ``hook_z``: each head's output through the output projection, bias excluded."""
-    z, weight = _matched(z, o_weight(model, layer))
-    return torch.einsum("...hd,mhd->...hm", z, weight)
-
-
 def compute_head_results(cache: Cache) -> None:
     """Store ``blocks.L.attn.hook_result`` for every layer whose ``hook_z`` is cached and result is not."""
     model = _model(cache)
@@ -309,14 +278,7 @@ def compute_head_results(cache: Cache) -> None:
 
 def head_results(cache: Cache, layer: int, pos_slice: Any = None) -> Float[Tensor, "... pos head d_model"]:
     """Each head's contribution to the residual stream in ``layer`` (``hook_result``, or computed from ``hook_z``)."""
-    model = _model(cache)
-    cached = cache.cache_dict.get(f"blocks.{layer}.attn.hook_result")
-    if cached is not None:
-        result = cache._at_pos(cached, pos_slice)
-    else:
-        z = cache._get(f"blocks.{layer}.attn.hook_z", "Head results (hook_result is not cached)")
-        result = z_to_result(model, layer, cache._at_pos(z, pos_slice))
-    return _to_resid(cache, model, layer, "attn", result, pos_slice, per_part=True)
+    return head_outputs(_model(cache), _acts(cache, pos_slice, "Head results (hook_result is not cached)"), layer)
 
 
 def stack_head_results(
@@ -414,19 +376,6 @@ def accumulated_bias(
     return total
 
 
-def _bias_row(
-    cache: Cache, model: Any, layer: int, mid: bool, include_mlp: bool, pos_slice: Any, like: Tensor
-) -> Float[Tensor, "... pos d_model"]:
-    """The biases' contribution to the residual stream (position-dependent behind a sandwich norm)."""
-    row = torch.zeros_like(like)
-    for i in range(layer + mid):
-        for which in ("attn", "mlp") if include_mlp and i < layer else ("attn",):
-            bias = sublayer_bias(model, i, which)
-            if bias is not None:
-                row = row + _to_resid(cache, model, i, which, bias.detach().to(like), pos_slice, per_part=False)
-    return row
-
-
 def get_full_resid_decomposition(
     cache: Cache,
     layer: int | None = None,
@@ -440,17 +389,18 @@ def get_full_resid_decomposition(
     model = _model(cache)
     layer = resolve_layer(layer, model.cfg.n_layers)
     mid = mlp_reads_attn(model, layer, mlp_input)
-    heads, labels = stack_head_results(cache, layer + mid, return_labels=True, pos_slice=pos_slice)
-    embeds, embed_labels = cache.decompose_resid(0, pos_slice=pos_slice, return_labels=True)
-    if expand_neurons:
-        mlps, mlp_labels = stack_neuron_results(cache, layer, pos_slice=pos_slice, return_labels=True)
-    else:
-        outs = [cache._get(f"blocks.{i}.hook_mlp_out", "get_full_resid_decomposition") for i in range(layer)]
-        mlp_labels = [f"{i}_mlp_out" for i in range(layer)]
-        mlps = torch.stack([cache._at_pos(t, pos_slice) for t in outs]) if outs else embeds[:0]
-    bias = _bias_row(cache, model, layer, mid, expand_neurons, pos_slice, embeds[0])
-    stack = torch.cat([heads, mlps.to(heads.dtype), embeds.to(heads.dtype), bias[None].to(heads.dtype)])
-    labels = [*labels, *mlp_labels, *embed_labels, "bias"]
+    acts = _acts(cache, pos_slice, "get_full_resid_decomposition")
+    parts, comps = components(model, acts, layer, mid, heads=True, neurons=expand_neurons)
+    dtype = parts[0].dtype
+    # TransformerLens' order: heads, then neurons (or MLP outputs), then embeddings, then all biases as one row.
+    order = [("head",), ("neuron", "mlp_out"), ("embed", "pos_embed")]
+    picked = [(x.to(dtype), _label(c)) for kinds in order for x, c in zip(parts, comps, strict=True) if c.kind in kinds]
+    bias = torch.zeros_like(parts[0], dtype=dtype)
+    for x, c in zip(parts, comps, strict=True):
+        if c.is_bias:
+            bias = bias + x.to(dtype)
+    stack = torch.stack([x for x, _ in picked] + [bias])
+    labels = [label for _, label in picked] + ["bias"]
     if apply_ln:
         stack = cache.apply_ln_to_stack(stack, layer, mlp_input=mlp_input, pos_slice=pos_slice)
     return (stack, labels) if return_labels else stack

@@ -67,6 +67,17 @@ def block_module(model: Any, layer: int, path: str) -> nn.Module:
     return get_module(get_module(model.hf_model, model.adapter.blocks)[layer], path)
 
 
+def has_experts(model: Any, layer: int) -> bool:
+    """Whether block ``layer`` is a mixture of experts (the adapter's ``moe.experts`` module exists there)."""
+    moe = getattr(model.adapter, "moe", None)
+    module: Any = get_module(model.hf_model, model.adapter.blocks)[layer]
+    for part in moe.experts.split(".") if moe is not None else ():
+        module = getattr(module, part, None)
+        if module is None:
+            return False
+    return moe is not None
+
+
 def o_weight(model: Any, layer: int) -> Float[Tensor, "d_model head d_head"]:
     """The attention output projection of ``layer`` as ``[d_model, head, d_head]`` (a view)."""
     weight = block_module(model, layer, model.adapter.o_proj).weight
@@ -76,7 +87,7 @@ def o_weight(model: Any, layer: int) -> Float[Tensor, "d_model head d_head"]:
 
 def out_weight(model: Any, layer: int) -> Float[Tensor, "d_mlp d_model"]:
     """The MLP's down projection of ``layer`` as TransformerLens' ``W_out`` ``[d_mlp, d_model]`` (a view)."""
-    if getattr(model.adapter, "moe", None) is not None:
+    if has_experts(model, layer):
         raise ValueError(
             f"Layer {layer} of this {model.cfg.model_type!r} model is a mixture of experts: it has no single "
             "`W_out`, so its output cannot be split into neurons. Use the MLP outputs (`expand_neurons=False`, "
@@ -88,7 +99,7 @@ def out_weight(model: Any, layer: int) -> Float[Tensor, "d_mlp d_model"]:
 
 def sublayer_bias(model: Any, layer: int, which: Sublayer) -> Float[Tensor, "d_model"] | None:
     """``b_O`` (``which="attn"``) or ``b_out`` (``"mlp"``) of ``layer``, None where the family has none."""
-    if which == "mlp" and getattr(model.adapter, "moe", None) is not None:
+    if which == "mlp" and has_experts(model, layer):
         return None  # a mixture's biases live in its experts, inside `hook_mlp_out`
     path = model.adapter.o_proj if which == "attn" else model.adapter.mlp_down
     return getattr(block_module(model, layer, path), "bias", None)
@@ -185,7 +196,8 @@ def components(
     ``layer`` is ``0..n_layers`` (``n_layers``: the final norm's input). ``mlp_input`` adds ``layer``'s
     attention, which its MLP reads (the caller decides whether it does; parallel blocks read none).
     ``heads``: each head and the attention bias separately, else ``hook_attn_out`` whole; ``neurons``: each
-    neuron and the MLP bias separately, else ``hook_mlp_out`` whole. ``kinds`` limits the blocks' parts to
+    neuron and the MLP bias separately (a mixture-of-experts block stays ``hook_mlp_out`` whole), else
+    ``hook_mlp_out`` whole. ``kinds`` limits the blocks' parts to
     attention or MLP outputs. The parts sum to the residual when everything is included.
 
     Example:
@@ -219,7 +231,7 @@ def components(
             else:
                 add(acts.get(f"blocks.{i}.hook_attn_out"), Component("attn_out", i))
         if "mlp" in kinds and i < layer:
-            if neurons:
+            if neurons and not has_experts(model, i):  # a mixture of experts has no single W_out: kept whole
                 per_neuron = neuron_outputs(model, acts, i)
                 for n, x in enumerate(per_neuron.unbind(-2)):
                     add(x, Component("neuron", i, n))
