@@ -31,23 +31,58 @@ from .backprop import safe_ratio, scale_gradient
 
 Variant = Literal["attnlrp", "cp_lrp"]
 HookList = list[tuple[str, Callable]]
+# A rule: the forward hooks that set one kind of relevance flow, on the hook points of ``model`` it applies to.
+Rule = Callable[[BridgeCore], HookList]
+
+
+def points(model: BridgeCore, suffix: str) -> list[str]:
+    """The model's hook points whose name ends with ``suffix`` (e.g. ``attn.hook_q`` in every block).
+
+    A rule built on it applies wherever the family has the point and is a no-op where it has none, so a
+    new family needs no rule code unless it adds a new kind of computation.
+    """
+    return [name for name in model.hook_dict if name.endswith(suffix)]
+
+
+def norm_scales_constant(model: BridgeCore) -> HookList:
+    """Every norm's ``1/rms`` (``1/std``) is a constant: block, final, sandwich and per-head q/k norms."""
+    return [(name, _constant_scale) for name in points(model, ".hook_scale")]
+
+
+def attention_uniform(model: BridgeCore) -> HookList:
+    """Uniform rule on ``q @ kᵀ`` and ``pattern @ v``: gradient ÷ 4 on q and k, ÷ 2 on v."""
+    return [
+        *[(name, _gradient_times(0.25)) for name in points(model, "attn.hook_q") + points(model, "attn.hook_k")],
+        *[(name, _gradient_times(0.5)) for name in points(model, "attn.hook_v")],
+    ]
+
+
+def attention_constant(model: BridgeCore) -> HookList:
+    """q and k detached: the pattern is a constant and v gets the whole gradient."""
+    return [(name, _constant) for name in points(model, "attn.hook_q") + points(model, "attn.hook_k")]
+
+
+def mlp_attnlrp(model: BridgeCore) -> HookList:
+    """Identity rule on the activation; uniform rule on ``act(gate) × up`` (gradient ÷ 2 on each factor)."""
+    return _mlp_hooks(model, gate_share=0.5 if model.cfg.gated_mlp else 1.0)
+
+
+def mlp_cp_lrp(model: BridgeCore) -> HookList:
+    """Identity rule on plain activations; ``act(gate)`` constant in gated MLPs (``post`` linear in ``up``)."""
+    return _mlp_hooks(model, gate_share=0.0 if model.cfg.gated_mlp else 1.0)
+
+
+# The rules of each variant. A new kind of computation (e.g. a mixture-of-experts router) gets one `Rule`
+# function over its hook points, added to the variants it belongs to.
+RULES: dict[Variant, tuple[Rule, ...]] = {
+    "attnlrp": (norm_scales_constant, attention_uniform, mlp_attnlrp),
+    "cp_lrp": (norm_scales_constant, attention_constant, mlp_cp_lrp),
+}
 
 
 def lrp_hooks(model: BridgeCore, variant: Variant) -> HookList:
-    """The forward hooks that turn the model's gradient into ``variant``'s relevance flow."""
-    hooks: HookList = [(name, _constant_scale) for name in model.hook_dict if name.endswith(".hook_scale")]
-    for layer in range(model.cfg.n_layers):
-        p = f"blocks.{layer}."
-        if variant == "attnlrp":
-            hooks += [
-                (p + "attn.hook_q", _gradient_times(0.25)),
-                (p + "attn.hook_k", _gradient_times(0.25)),
-                (p + "attn.hook_v", _gradient_times(0.5)),
-            ]
-        else:
-            hooks += [(p + "attn.hook_q", _constant), (p + "attn.hook_k", _constant)]
-        hooks += _mlp_hooks(model, p, variant)
-    return hooks
+    """The forward hooks that turn the model's gradient into ``variant``'s relevance flow (`RULES`)."""
+    return [hook for rule in RULES[variant] for hook in rule(model)]
 
 
 def softcap_identity(cap: float) -> Callable[[Tensor], Tensor]:
@@ -81,20 +116,27 @@ def _gradient_times(factor: float) -> Callable:
     return fn
 
 
-def _mlp_hooks(model: BridgeCore, p: str, variant: Variant) -> HookList:
-    """Identity rule on the activation; for gated MLPs the product rule of ``variant``.
+def _mlp_hooks(model: BridgeCore, gate_share: float) -> HookList:
+    """Identity rule on the activation, and ``gate_share`` of a gated product's gradient to the gate.
 
     ``hook_pre`` returns the pre-activation detached, so the model's own activation derivative never
     enters the graph; ``hook_post`` (the down projection's input) re-attaches the gradient with the
     rule's constant factors. For gated MLPs ``post = act(gate) * up``, so ``post / gate`` is
-    ``(act(gate) / gate) * up``: the identity rule times the other factor. ``cp_lrp`` gives the gate
-    no gradient at all (share 0): ``act(gate)`` is a constant and ``post`` is linear in ``up``.
+    ``(act(gate) / gate) * up``: the identity rule times the other factor, and ``up`` gets the rest
+    (``1 - gate_share``). Plain MLPs give the whole share to the activation. Blocks without both points
+    (mixture-of-experts blocks) get no MLP rule here.
     """
+    hooks: HookList = []
+    up_share = 1.0 - gate_share if model.cfg.gated_mlp else 0.0
+    for post_name in points(model, "mlp.hook_post"):
+        pre_name = post_name.removesuffix("hook_post") + "hook_pre"
+        if pre_name in model.hook_dict:
+            hooks += _identity_pair(pre_name, post_name, gate_share, up_share)
+    return hooks
+
+
+def _identity_pair(pre_name: str, post_name: str, gate_share: float, up_share: float) -> HookList:
     stash: dict[str, Tensor] = {}
-    if model.cfg.gated_mlp:
-        gate_share, up_share = (0.5, 0.5) if variant == "attnlrp" else (0.0, 1.0)
-    else:
-        gate_share, up_share = 1.0, 0.0
 
     def pre(x: Tensor, hook: HookPoint) -> Tensor:
         stash["pre"] = x
@@ -107,4 +149,4 @@ def _mlp_hooks(model: BridgeCore, p: str, variant: Variant) -> HookList:
             out = out + (x - x.detach()) * up_share
         return out
 
-    return [(p + "mlp.hook_pre", pre), (p + "mlp.hook_post", post)]
+    return [(pre_name, pre), (post_name, post)]
