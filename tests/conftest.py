@@ -9,6 +9,7 @@ import pytest
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     Gemma2Config,
     GPT2Config,
@@ -30,6 +31,12 @@ _COMMON = dict(vocab_size=V, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 _ROPE = dict(_COMMON, hidden_size=D, intermediate_size=M, num_hidden_layers=L, num_attention_heads=H,
              num_key_value_heads=KV, max_position_embeddings=128)  # fmt: skip
 
+
+def _auto(model_type: str, **overrides):
+    """A tiny config of ``model_type`` with the shared sizes (4 heads, 2 kv heads) and ``overrides``."""
+    return AutoConfig.for_model(model_type, **{**_ROPE, **overrides})
+
+
 CONFIGS = {
     "gpt2": lambda: GPT2Config(**_COMMON, n_embd=D, n_inner=M, n_layer=L, n_head=H, n_positions=128),
     "llama": lambda: LlamaConfig(**_ROPE),
@@ -41,6 +48,24 @@ CONFIGS = {
     "phi3": lambda: Phi3Config(**_ROPE),
     "opt": lambda: OPTConfig(**_COMMON, hidden_size=D, ffn_dim=M, num_hidden_layers=L, num_attention_heads=H,
                              word_embed_proj_dim=D, max_position_embeddings=128),
+    # Dense families of #12. Windows of 4 tokens bite on the 6-token test prompts; layer 0 is windowed.
+    "gemma": lambda: _auto("gemma", head_dim=8),
+    "gemma3_text": lambda: _auto("gemma3_text", head_dim=8, sliding_window=4, query_pre_attn_scalar=8,
+                                 layer_types=["sliding_attention", "full_attention"]),
+    "glm": lambda: _auto("glm", head_dim=8),
+    "glm4": lambda: _auto("glm4", head_dim=8),
+    "stablelm": lambda: _auto("stablelm", use_qkv_bias=True),
+    "starcoder2": lambda: _auto("starcoder2", sliding_window=4),
+    "olmo": lambda: _auto("olmo"),
+    "smollm3": lambda: _auto("smollm3", no_rope_layers=[1, 0], layer_types=["full_attention"] * L),
+    "helium": lambda: _auto("helium", head_dim=8),
+    "ministral": lambda: _auto("ministral", head_dim=8, sliding_window=4,
+                               layer_types=["sliding_attention", "full_attention"]),
+    "seed_oss": lambda: _auto("seed_oss", head_dim=8),
+    "ernie4_5": lambda: _auto("ernie4_5", head_dim=8),
+    "hunyuan_v1_dense": lambda: _auto("hunyuan_v1_dense", head_dim=8),
+    "arcee": lambda: _auto("arcee", head_dim=8),
+    "apertus": lambda: _auto("apertus", rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
 }  # fmt: skip
 FAMILIES = list(CONFIGS)
 

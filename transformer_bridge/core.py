@@ -277,7 +277,9 @@ class BridgeCore(nn.Module, HookRegistry):
     @property
     def ln_final_weight(self) -> Float[Tensor, "d_model"]:
         """The final norm's effective weight γ (Gemma's stored ``w`` is used as ``1 + w``)."""
-        w = get_module(self.hf_model, self.adapter.ln_final).weight
+        w = getattr(get_module(self.hf_model, self.adapter.ln_final), "weight", None)
+        if w is None:  # OLMo's LayerNorm has no weight
+            return torch.ones(self.cfg.d_model, dtype=self.cfg.dtype, device=self.cfg.device)
         return 1.0 + w.float() if self.adapter.norm == "rms_one_plus" else w
 
     def unembed_directions(self, tokens: Int[Tensor, "..."] | int) -> Float[Tensor, "... d_model"]:

@@ -165,7 +165,7 @@ def norm(kind: str, module: nn.Module) -> Callable:
         new_normalized = run("normalized", normalized)
         if new_scale is scale and new_normalized is normalized:
             return out
-        weight = module.weight
+        weight = getattr(module, "weight", None)  # OLMo's LayerNorm has neither weight nor bias
         if kind == "rms_one_plus":
             return (new_normalized.float() * (1.0 + weight.float())).to(out.dtype)
         y = new_normalized * weight if weight is not None else new_normalized
@@ -304,7 +304,10 @@ def build_sites(
         for key in ("q_norm", "k_norm"):
             path = getattr(adapter, key)
             if path is not None:
-                qk = site(m(path), "post", norm("rms", m(path)))
+                qk_process = norm(adapter.norm, m(path))
+                if adapter.qk_norm_layout == "head_pos":
+                    qk_process = _pos_before_head(qk_process)
+                qk = site(m(path), "post", qk_process)
                 add(p + f"attn.{key}.hook_scale", qk, "scale")
                 add(p + f"attn.{key}.hook_normalized", qk, "normalized")
 
@@ -363,6 +366,18 @@ def build_sites(
     add("ln_final.hook_scale", final, "scale")
     add("ln_final.hook_normalized", final, "normalized")
     return SiteMap(points, sites_for, stash)
+
+
+def _pos_before_head(process: Callable) -> Callable:
+    """Show a ``[b, head, pos, d]`` module output and input as ``[b, pos, head, d]`` (q/k norms after the
+    heads are moved forward: Gemma 3, Apertus, Hunyuan)."""
+
+    def shown(run: Run, out: Tensor, x: Tensor | None) -> Tensor:
+        out_t = out.transpose(1, 2)
+        new = process(run, out_t, None if x is None else x.transpose(1, 2))
+        return out if new is out_t else new.transpose(1, 2)
+
+    return shown
 
 
 def _keyed(key: str) -> Callable:

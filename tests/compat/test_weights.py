@@ -14,8 +14,22 @@ from transformer_bridge.sites import get_module
 
 TOKENS = torch.tensor([[1, 5, 17, 42, 98, 3, 60], [1, 9, 9, 33, 71, 12, 4]])
 TOL = dict(atol=2e-5, rtol=1e-4)
-ALL_BIASES = ("b_Q", "b_K", "b_V", "_b_K", "_b_V", "b_O", "b_in", "b_out")
-BIASES = {"gpt2": ALL_BIASES, "opt": ALL_BIASES, "gpt_neox": ALL_BIASES, "qwen2": ALL_BIASES[:5]}  # HF has these
+BIAS_OWNERS = {"b_Q": "q", "b_K": "k", "b_V": "v", "_b_K": "k", "_b_V": "v", "b_O": "o_proj", "b_in": "mlp_in",
+               "b_out": "mlp_down"}  # fmt: skip
+
+
+def hf_biases(model) -> set[str]:
+    """The TransformerLens bias names whose HF module has a bias (fused projections: the fused module)."""
+    a = model.adapter
+    block = get_module(model.hf_model, a.blocks)[1]
+    found = set()
+    for name, owner in BIAS_OWNERS.items():
+        path = getattr(a, owner) if owner not in "qkv" or a.qkv is None else a.qkv
+        if owner == "mlp_in" and a.mlp_up is not None:
+            path = a.mlp_up  # a gated MLP's W_in / b_in is the up projection
+        if getattr(get_module(block, path), "bias", None) is not None:
+            found.add(name)
+    return found
 
 
 def perturbed(family: str):
@@ -31,14 +45,25 @@ def run(request):
 
 def normed_input(model, cache, name: str, module) -> torch.Tensor:
     """What a norm hands on: ``hook_normalized`` times γ plus β (Gemma: times ``1 + w``)."""
-    w, b = module.weight, getattr(module, "bias", None)
-    gamma = 1.0 + w if model.adapter.norm == "rms_one_plus" else w
-    return cache[name] * gamma + (b if b is not None else 0.0)
+    return cache[name] * gamma_of(model, module) + beta_of(module)
 
 
-def sandwich(module, x: torch.Tensor) -> torch.Tensor:
-    """Gemma 2's post-sublayer RMS norm, computed by hand."""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.eps) * (1.0 + module.weight)
+def gamma_of(model, module):
+    w = getattr(module, "weight", None)  # OLMo's LayerNorm has none
+    return 1.0 if w is None else 1.0 + w if model.adapter.norm == "rms_one_plus" else w
+
+
+def beta_of(module):
+    b = getattr(module, "bias", None)
+    return 0.0 if b is None else b
+
+
+def sandwich(model, module, x: torch.Tensor) -> torch.Tensor:
+    """A post-sublayer norm (Gemma 2/3, GLM-4), computed by hand."""
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
+    if model.adapter.norm == "layernorm":
+        x = x - x.mean(-1, keepdim=True)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gamma_of(model, module) + beta_of(module)
 
 
 def check_attention(model, cache, layer: int) -> None:
@@ -59,7 +84,7 @@ def check_attention(model, cache, layer: int) -> None:
     z = cache["z", layer]
     out = torch.einsum("bphd,hdm->bpm", z, model.W_O[layer]) + model.b_O[layer]
     if model.adapter.sandwich:
-        out = sandwich(get_module(block, model.adapter.attn_out), out)
+        out = sandwich(model, get_module(block, model.adapter.attn_out), out)
     torch.testing.assert_close(out, cache["attn_out", layer], **TOL)
 
 
@@ -74,7 +99,7 @@ def check_mlp(model, cache, layer: int) -> None:
         torch.testing.assert_close(linear, cache[f"blocks.{layer}.mlp.hook_pre_linear"], **TOL)
     out = cache[f"blocks.{layer}.mlp.hook_post"] @ model.W_out[layer] + model.b_out[layer]
     if model.adapter.sandwich:
-        out = sandwich(get_module(block, model.adapter.mlp_out), out)
+        out = sandwich(model, get_module(block, model.adapter.mlp_out), out)
     torch.testing.assert_close(out, cache["mlp_out", layer], **TOL)
 
 
@@ -142,7 +167,7 @@ def test_logit_lens_with_folded_unembedding_gives_the_logits(run):
     check_logit_lens(model, logits, cache)
     if model.cfg.normalization != "rms_one_plus":  # the fold is γ ⊙ raw and β @ raw (+ raw bias)
         norm = get_module(model.hf_model, model.adapter.ln_final)
-        torch.testing.assert_close(model.W_U, norm.weight[:, None] * model.W_U_raw)
+        torch.testing.assert_close(model.W_U, model.ln_final_weight[:, None] * model.W_U_raw)
         beta = getattr(norm, "bias", None)
         want = (beta @ model.W_U_raw if beta is not None else 0) + (model.b_U_raw if model.b_U_raw is not None else 0)
         torch.testing.assert_close(model.b_U, torch.zeros_like(model.b_U) + want)
@@ -157,16 +182,16 @@ def test_per_layer_weights_are_views_that_edit_the_model(family):
     model = perturbed(family)
     before = model(TOKENS)
     gen = torch.Generator().manual_seed(2)
-    edited = []
+    edited, biases = [], hf_biases(model)
     for name, fn in {**ATTN_WEIGHTS, **MLP_WEIGHTS}.items():
         t = fn(model, 1)
         if t is None:  # W_gate of an ungated MLP
             continue
-        must_be_view = "W" in name or name in BIASES.get(family, ())
+        must_be_view = "W" in name or name in biases
         if name in ("W_K", "W_V", "b_K", "b_V") and model.cfg.n_kv_heads != model.cfg.n_heads:
             must_be_view = False  # GQA: kv heads repeated, a copy (the `_` versions are the views)
         assert _is_view(model, t) == must_be_view, name
-        if "b" in name and name not in BIASES.get(family, ()):
+        if "b" in name and name not in biases:
             assert not t.any(), name  # no such bias in this family: zeros, as TransformerLens
         if must_be_view:
             with torch.no_grad():

@@ -1,14 +1,19 @@
 """Architecture adapters: one declarative record per HF family."""
 
 from .base import Adapter
-from .gemma2 import GEMMA2
+from .gemma import GEMMA, GEMMA2, GEMMA3
+from .glm import GLM, GLM4
 from .gpt2 import GPT2
 from .gpt_neox import GPT_NEOX
-from .llama import LLAMA, QWEN3
+from .layernorm_rotary import OLMO, STABLELM, STARCODER2
+from .llama import APERTUS, ARCEE, HUNYUAN, LLAMA, QWEN3
 from .opt import OPT
 from .phi3 import PHI3
 
-ADAPTERS: tuple[Adapter, ...] = (GPT2, LLAMA, QWEN3, GEMMA2, GPT_NEOX, PHI3, OPT)
+ADAPTERS: tuple[Adapter, ...] = (
+    GPT2, LLAMA, QWEN3, GEMMA2, GPT_NEOX, PHI3, OPT,
+    GEMMA, GEMMA3, GLM, GLM4, STABLELM, STARCODER2, OLMO, HUNYUAN, ARCEE, APERTUS,
+)  # fmt: skip
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for a in ADAPTERS for t in a.model_types)
 
 

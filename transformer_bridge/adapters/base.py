@@ -8,6 +8,7 @@ from typing import Literal
 
 NormKind = Literal["layernorm", "rms", "rms_one_plus"]
 QKVLayout = Literal["separate", "concat", "per_head"]
+QKNormLayout = Literal["pos_head", "head_pos"]
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,10 @@ class Adapter:
         parallel_attn_mlp: config attribute that says attention and MLP read the same residual.
         conv1d: projections store weights ``[in, out]`` (GPT-2's Conv1D) instead of ``[out, in]``.
         q_norm, k_norm: per-head norms applied to q and k after their projections (Qwen 3); they get
-            ``attn.q_norm.hook_scale`` / ``hook_normalized`` (and the same for ``k_norm``).
+            ``attn.q_norm.hook_scale`` / ``hook_normalized`` (and the same for ``k_norm``), shown as
+            ``[batch, pos, head, d_head]`` (``[batch, pos, 1]`` for the scale) whatever the HF layout.
+        qk_norm_layout: the layout HF hands the q/k norms: ``pos_head`` (``[b, pos, head, d]``, Qwen 3)
+            or ``head_pos`` (``[b, head, pos, d]``, Gemma 3, Apertus, Hunyuan, EXAONE 4).
         sandwich: ``attn_out`` and ``mlp_out`` are norms applied to the sublayer outputs before the
             residual add (Gemma 2); they get ``ln1_post.*`` and ``ln2_post.*`` scale/normalized points.
     """
@@ -63,6 +67,7 @@ class Adapter:
     rotary: bool = True
     q_norm: str | None = None
     k_norm: str | None = None
+    qk_norm_layout: QKNormLayout = "pos_head"
     sandwich: bool = False
 
     @property

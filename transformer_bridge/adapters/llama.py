@@ -1,11 +1,17 @@
-"""Llama layout, shared by Llama (SmolLM2), Mistral, Qwen2 and (with per-head q/k norms) Qwen3."""
+"""Llama layout: pre-norm RMS blocks with separate q/k/v and a gated MLP.
+
+Shared unchanged by Llama (SmolLM2), Mistral, Qwen2, SmolLM3 (some layers without rotary), Helium,
+Ministral (sliding windows), Seed-OSS and ERNIE 4.5 (biases where the config asks); with per-head
+q/k norms by Qwen3 and Hunyuan (norms after rotary there); with a plain ``up → act → down`` MLP by
+Arcee and Apertus (Apertus: its own norm names and q/k norms).
+"""
 
 from dataclasses import replace
 
 from .base import Adapter
 
 LLAMA = Adapter(
-    model_types=("llama", "mistral", "qwen2"),
+    model_types=("llama", "mistral", "qwen2", "smollm3", "helium", "ministral", "seed_oss", "ernie4_5"),
     embed="model.embed_tokens",
     blocks="model.layers",
     ln_final="model.norm",
@@ -24,3 +30,20 @@ LLAMA = Adapter(
 )
 
 QWEN3 = replace(LLAMA, model_types=("qwen3",), q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
+HUNYUAN = replace(
+    LLAMA,
+    model_types=("hunyuan_v1_dense",),
+    q_norm="self_attn.query_layernorm",
+    k_norm="self_attn.key_layernorm",
+    qk_norm_layout="head_pos",
+)
+ARCEE = replace(LLAMA, model_types=("arcee",), mlp_in="mlp.up_proj", mlp_up=None)
+APERTUS = replace(
+    ARCEE,
+    model_types=("apertus",),
+    ln1="attention_layernorm",
+    ln2="feedforward_layernorm",
+    q_norm="self_attn.q_norm",
+    k_norm="self_attn.k_norm",
+    qk_norm_layout="head_pos",
+)

@@ -138,7 +138,9 @@ def _mlp_in(core: BridgeCore, layer: int, gate: bool) -> tuple[Tensor, Tensor | 
 
 def _norm_weight_bias(core: BridgeCore, module: nn.Module) -> tuple[Tensor, Tensor | None]:
     """A norm's effective γ (Gemma: ``1 + w``, in float32 as HF computes it) and β (None for RMS norms)."""
-    w = module.weight
+    w = getattr(module, "weight", None)
+    if w is None:  # OLMo's LayerNorm has no weight
+        return torch.ones(core.cfg.d_model, dtype=core.cfg.dtype, device=core.cfg.device), None
     return (1.0 + w.float() if core.adapter.norm == "rms_one_plus" else w), _bias(module)
 
 

@@ -1,0 +1,16 @@
+"""Rotary families with mean-centred LayerNorms in the Llama module layout.
+
+StableLM (partial rotary, gated MLP; ``use_parallel_residual`` makes the block parallel), Starcoder2
+(biases everywhere, a plain ``c_fc → act → c_proj`` MLP, sliding windows) and OLMo (LayerNorms
+without weight or bias).
+"""
+
+from dataclasses import replace
+
+from .llama import LLAMA
+
+STABLELM = replace(LLAMA, model_types=("stablelm",), norm="layernorm", parallel_attn_mlp="use_parallel_residual")
+STARCODER2 = replace(
+    LLAMA, model_types=("starcoder2",), norm="layernorm", mlp_in="mlp.c_fc", mlp_up=None, mlp_down="mlp.c_proj"
+)
+OLMO = replace(LLAMA, model_types=("olmo",), norm="layernorm")
