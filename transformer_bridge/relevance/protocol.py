@@ -8,6 +8,7 @@ checks its own options; it receives them validated (and converted, e.g. numpy in
 ``request.options``.
 
 Example:
+    >>> import torch
     >>> def first_token(request: Request) -> MethodOutput:
     ...     scores = torch.zeros(len(request.explained), request.tokens.shape[1])
     ...     scores[:, 0] = request.options["weight"]
@@ -18,7 +19,7 @@ Example:
     {'weight': 3}
 """
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -146,16 +147,3 @@ class Request:
     def __post_init__(self) -> None:
         if not isinstance(self.options, MappingProxyType):
             object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
-
-
-def request_for(
-    model: BridgeCore,
-    tokens: Tensor,
-    attention_mask: Tensor,
-    explained: Sequence[ExplainedToken],
-    target: Target,
-    cache: ActivationCache | None = None,
-    **options: Any,
-) -> Request:
-    """A `Request` from loose arguments (for calling one method function directly, e.g. in tests)."""
-    return Request(model, tokens, attention_mask, tuple(explained), target, cache, options)
