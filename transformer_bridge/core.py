@@ -22,6 +22,7 @@ from .cache import ActivationCache, check_pos_slice
 from .caching import CacheWriter, next_token_loss, next_token_losses
 from .checks import check_bool, check_device, describe, suggest_keywords
 from .config import BridgeConfig, bridge_config
+from .distributed import attach_shard_specs, full_param, input_device, tp_mesh
 from .hook_points import HookContext, HookPoint, HookRegistry, NameOrFilter
 from .inputs import PaddingSide, check_attention_mask, infer_attention_mask, tokenize
 from .layers import StopForward, check_layer, start_at, stop_before
@@ -70,6 +71,9 @@ class BridgeCore(nn.Module, HookRegistry):
             self.cfg.parallel_attn_mlp,
         )
         self._set_points(sites.points, self.cfg.n_layers)
+        mesh = tp_mesh(hf_model)
+        if mesh is not None:  # tensor parallel: hooks on head / neuron points see gathered tensors
+            attach_shard_specs(sites.points, mesh, self.cfg)
         self._sites_for = sites.sites_for
         self._stash = sites.stash
         self._live: dict[Any, None] = {}  # sites whose torch hook is attached, checked after each forward
@@ -115,12 +119,19 @@ class BridgeCore(nn.Module, HookRegistry):
         tokenizer: Any = None,
         **hf_kwargs: Any,
     ) -> "BridgeCore":
-        """Load a local HF folder (or a cached hub name) and wrap it; ``gguf_file=`` passes through.
+        """Load a local HF folder (or a cached hub name) and wrap it; ``gguf_file=`` passes through, and so
+        do ``device_map=`` (``"auto"`` or a dict; with ``max_memory=``, ``offload_folder=``) and
+        ``tp_plan="auto"`` (tensor parallelism under ``torchrun``): see docs/scaling.md.
 
         Example:
             >>> model = TransformerBridge.from_pretrained("path/to/SmolLM2", dtype=torch.float32)
         """
         device = check_device(device)
+        if device is not None and hf_kwargs.get("device_map") is not None:
+            raise ValueError(
+                f"Give `device`={device!s} or `device_map`={hf_kwargs['device_map']!r}, not both: a device map "
+                "already places every layer."
+            )
         hf_model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **hf_kwargs)
         if tokenizer is None:
             tok_kwargs = {k: v for k, v in hf_kwargs.items() if k in ("gguf_file", "revision", "trust_remote_code")}
@@ -277,7 +288,7 @@ class BridgeCore(nn.Module, HookRegistry):
     @property
     def ln_final_weight(self) -> Float[Tensor, "d_model"]:
         """The final norm's effective weight γ (Gemma's stored ``w`` is used as ``1 + w``)."""
-        w = getattr(get_module(self.hf_model, self.adapter.ln_final), "weight", None)
+        w = full_param(get_module(self.hf_model, self.adapter.ln_final), "weight")
         if w is None:  # OLMo's LayerNorm has no weight
             return torch.ones(self.cfg.d_model, dtype=self.cfg.dtype, device=self.cfg.device)
         return 1.0 + w.float() if self.adapter.norm == "rms_one_plus" else w
@@ -285,12 +296,13 @@ class BridgeCore(nn.Module, HookRegistry):
     def unembed_directions(self, tokens: Int[Tensor, "..."] | int) -> Float[Tensor, "... d_model"]:
         """``γ ⊙ W_U[:, token]`` for each token: the direction a normalized residual is read along."""
         index = torch.as_tensor(tokens, device=self.device)
-        w = self.hf_model.get_output_embeddings().weight[index]  # [..., d_model]
+        w = full_param(self.hf_model.get_output_embeddings())[index]  # [..., d_model]
         return (w * self.ln_final_weight.to(w.dtype)).detach()
 
     @property
     def device(self) -> torch.device:
-        return next(self.hf_model.parameters()).device
+        """Where inputs go: the model's device, or its embedding's under an accelerate device map."""
+        return input_device(self.hf_model)
 
     def prepare_input(
         self,

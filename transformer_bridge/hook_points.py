@@ -124,6 +124,8 @@ class HookPoint:
         self.fwd_hooks: list[_Entry] = []
         self.bwd_hooks: list[_Entry] = []
         self._ctx = PointContext(self)
+        # Set on points a tensor-parallel plan splits (`distributed.ShardSpec`): their hooks see the gathered tensor.
+        self.shard = None
 
     def __repr__(self) -> str:
         return f"HookPoint({self.name!r}, fwd={len(self.fwd_hooks)}, bwd={len(self.bwd_hooks)})"
@@ -188,6 +190,11 @@ class HookPoint:
         one did (a replacement, or ``tensor`` edited in place under a fresh alias), so a site
         knows when to write the activation back into the model.
         """
+        if self.shard is not None and not self._owner.shard_local:
+            return self.shard.run(self._apply, tensor)
+        return self._apply(tensor)
+
+    def _apply(self, tensor: Tensor) -> Tensor:
         start = self._owner.start_layer
         if start is not None and self.layer_index < start:
             return tensor  # a layer before `start_at_layer`: it runs on a placeholder input
@@ -333,6 +340,7 @@ class HookRegistry:
         self.names = HookNames([], 0)
         self.ctx: HookContext | None = None
         self.start_layer: int | None = None  # set while a forward starts at a block (`start_at_layer`)
+        self.shard_local = False  # `distributed.local_shards`: hooks see tensor-parallel shards as they are
 
     # -- subclass interface ---------------------------------------------------------------
     def _sync(self, point: HookPoint) -> None:

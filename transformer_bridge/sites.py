@@ -17,6 +17,7 @@ from torch.utils.hooks import RemovableHandle
 
 from . import attention
 from .adapters import Adapter
+from .distributed import local_param, o_proj_weight, onloaded, sum_over_ranks
 from .hook_points import HookPoint, HookRegistry
 
 Run = Callable[[str, Tensor], Tensor]
@@ -112,10 +113,10 @@ def batch_broadcast(registry: HookRegistry) -> Callable:
 
 
 def heads(n_heads: int, d_head: int) -> Callable:
-    """``[b, p, head * d]`` shown as ``[b, p, head, d]``."""
+    """``[b, p, head * d]`` shown as ``[b, p, head, d]`` (fewer heads on a tensor-parallel shard)."""
 
     def process(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
-        shown = x.view(*x.shape[:-1], n_heads, d_head)
+        shown = x.view(*x.shape[:-1], -1, d_head)
         out = run("", shown)
         return x if out is shown else out.reshape(x.shape)
 
@@ -128,7 +129,7 @@ def fused_qkv(layout: str, n_heads: int, n_kv: int, d_head: int) -> Callable:
     def process(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
         # Slices, not split(): split's views cannot be edited in place while autograd records.
         if layout == "per_head":
-            grouped = x.view(*x.shape[:-1], n_heads, 3 * d_head)
+            grouped = x.view(*x.shape[:-1], -1, 3 * d_head)  # -1: a tensor-parallel shard has fewer heads
             parts = [grouped[..., i * d_head : (i + 1) * d_head] for i in range(3)]
         else:
             bounds = [0, n_heads * d_head, (n_heads + n_kv) * d_head, (n_heads + 2 * n_kv) * d_head]
@@ -165,11 +166,12 @@ def norm(kind: str, module: nn.Module) -> Callable:
         new_normalized = run("normalized", normalized)
         if new_scale is scale and new_normalized is normalized:
             return out
-        weight = getattr(module, "weight", None)  # OLMo's LayerNorm has neither weight nor bias
+        with onloaded(module):  # accelerate may have offloaded the weight once the module returned
+            weight = local_param(module, "weight")  # OLMo's LayerNorm has neither weight nor bias
+            bias = local_param(module, "bias")
         if kind == "rms_one_plus":
             return (new_normalized.float() * (1.0 + weight.float())).to(out.dtype)
         y = new_normalized * weight if weight is not None else new_normalized
-        bias = getattr(module, "bias", None)
         return (y + bias if bias is not None else y).to(out.dtype)
 
     return process
@@ -179,14 +181,18 @@ def head_results(n_heads: int, d_head: int, module: nn.Module, conv1d: bool) -> 
     """``hook_result``: each head's contribution through the output projection, bias excluded."""
 
     def process(run: Run, out: Tensor, z: Tensor | None) -> Tensor:
-        w = module.weight.T if conv1d else module.weight  # [d_model, head * d_head]
-        w = w.reshape(w.shape[0], n_heads, d_head)
-        result = torch.einsum("bphd,mhd->bphm", z.view(*z.shape[:-1], n_heads, d_head), w)
+        with onloaded(module):
+            # [d_model, head * d_head]; under tensor parallelism this rank's heads, whose sum is partial.
+            w, partial_over = o_proj_weight(module, conv1d, z.shape[-1])
+            bias = local_param(module, "bias")
+        w = w.reshape(w.shape[0], -1, d_head)
+        result = torch.einsum("bphd,mhd->bphm", z.view(*z.shape[:-1], -1, d_head), w)
         new = run("", result)
         if new is result:
             return out
-        bias = getattr(module, "bias", None)
         total = new.sum(-2)
+        if partial_over is not None:
+            total = sum_over_ranks(total, partial_over)
         return total + bias if bias is not None else total
 
     return process

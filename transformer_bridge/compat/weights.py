@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from ..checks import ArgumentIndexError, ArgumentTypeError
 from ..core import BridgeCore
+from ..distributed import full_param
 from ..sites import get_module
 
 __all__ = [
@@ -81,11 +82,12 @@ def _block(core: BridgeCore, layer: int) -> nn.Module:
 
 def _in_out(core: BridgeCore, module: nn.Module) -> Float[Tensor, "d_in d_out"]:
     """The module's weight as ``[in, out]`` (a view): Conv1D stores it so, ``nn.Linear`` as ``[out, in]``."""
-    return module.weight if core.adapter.conv1d else module.weight.T
+    w = full_param(module)  # whole under tensor parallelism or offload (then a copy, not a view)
+    return w if core.adapter.conv1d else w.T
 
 
 def _bias(module: nn.Module) -> Tensor | None:
-    return getattr(module, "bias", None)
+    return full_param(module, "bias")
 
 
 def _zeros(like: Tensor, *shape: int) -> Tensor:
@@ -138,7 +140,7 @@ def _mlp_in(core: BridgeCore, layer: int, gate: bool) -> tuple[Tensor, Tensor | 
 
 def _norm_weight_bias(core: BridgeCore, module: nn.Module) -> tuple[Tensor, Tensor | None]:
     """A norm's effective γ (Gemma: ``1 + w``, in float32 as HF computes it) and β (None for RMS norms)."""
-    w = getattr(module, "weight", None)
+    w = full_param(module, "weight")
     if w is None:  # OLMo's LayerNorm has no weight
         return torch.ones(core.cfg.d_model, dtype=core.cfg.dtype, device=core.cfg.device), None
     return (1.0 + w.float() if core.adapter.norm == "rms_one_plus" else w), _bias(module)
@@ -253,7 +255,7 @@ def W_E(core: BridgeCore) -> Float[Tensor, "d_vocab d_model"]:  # noqa: N802
     """Token embedding: ``W_E[tokens] == hook_embed``. A view, except where the embedding module scales
     its output (Gemma: ``√d_model``), which is folded in as TransformerLens does: then a copy."""
     module = get_module(core.hf_model, core.adapter.embed)
-    w = module.weight
+    w = full_param(module)
     _check_d_model(core, w, "W_E")
     scale = getattr(module, "embed_scale", None)
     return w if scale is None else w * scale.to(w.dtype)
@@ -270,13 +272,13 @@ def W_pos(core: BridgeCore) -> Float[Tensor, "pos d_model"]:  # noqa: N802
             "inside attention by rotary embedding (see the `hook_rot_q` / `hook_rot_k` points)."
         )
     module = get_module(core.hf_model, core.adapter.pos_embed)
-    return module.weight[getattr(module, "offset", 0) :]
+    return full_param(module)[getattr(module, "offset", 0) :]
 
 
 def W_U_raw(core: BridgeCore) -> Float[Tensor, "d_model d_vocab"]:  # noqa: N802
     """The HF unembedding matrix itself, transposed to ``[d_model, d_vocab]`` (a view; tied models share it
     with the embedding). The final norm's γ is not in it: see `W_U`."""
-    w = core.hf_model.get_output_embeddings().weight
+    w = full_param(core.hf_model.get_output_embeddings())
     _check_d_model(core, w, "W_U_raw")
     return w.T
 

@@ -1,0 +1,31 @@
+"""Run under `torchrun --nproc-per-node 2`: load each tiny model with `tp_plan="auto"`, run the checks,
+save this rank's results to ``<out_dir>/<family>.rank<r>.pt``. Started by `test_tensor_parallel.py`."""
+
+import os
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tp_checks import run_checks, run_local_checks
+
+from transformer_bridge import TransformerBridge
+
+warnings.filterwarnings("ignore", category=FutureWarning)  # `tp_plan=` is HF's deprecated spelling
+
+
+def main(root: str, out_dir: str, families: list[str]) -> None:
+    torch.manual_seed(0)
+    for family in families:
+        model = TransformerBridge.from_pretrained(os.path.join(root, family), dtype=torch.float32, tp_plan="auto")
+        results = {**run_checks(model), **run_local_checks(model)}
+        rank = dist.get_rank()
+        torch.save({k: v.detach().cpu() for k, v in results.items()}, os.path.join(out_dir, f"{family}.rank{rank}.pt"))
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3].split(","))
