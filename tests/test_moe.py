@@ -1,0 +1,214 @@
+"""Mixture-of-experts hook points against independent oracles: HF's own routing (with edited router
+weights), plain torch hooks on the HF router, and the sum of the experts' outputs."""
+
+import pytest
+import torch
+from conftest import MOE_CONFIGS, V, char_tokenizer, make_bridge
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from transformer_bridge import TransformerBridge
+from transformer_bridge.compat.weights import MLP_WEIGHTS
+from transformer_bridge.sites import get_module
+
+TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(7))
+LAYER = 1  # a mixture-of-experts block in every family here
+BAN = {0: [1, 4], 1: [0, 2, 5]}  # row -> positions where the banned expert is taken away
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module", params=list(MOE_CONFIGS))
+def model(request):
+    return make_bridge(request.param)
+
+
+def _moe(model, path: str):
+    return get_module(model.hf_model, f"{model.adapter.blocks}.{LAYER}.{path}")
+
+
+def _with_router_hook(model, fn):
+    """HF logits with a plain torch forward hook rewriting the router's output (the oracle)."""
+    handle = _moe(model, model.adapter.moe.router).register_forward_hook(lambda m, a, out: fn(out))
+    try:
+        with torch.no_grad():
+            return model.hf_model(TOKENS).logits
+    finally:
+        handle.remove()
+
+
+def _cache(model):
+    _, cache = model.run_with_cache(TOKENS, names_filter=lambda n: n.startswith(f"blocks.{LAYER}."))
+    return cache
+
+
+def test_points_shapes_and_config(model):
+    c = model.cfg
+    assert (c.num_experts, c.experts_per_token) == (4, 2)
+    cache = _cache(model)
+    logits, weights = cache[f"blocks.{LAYER}.mlp.hook_router_logits"], cache[f"blocks.{LAYER}.mlp.hook_expert_weights"]
+    assert logits.shape == weights.shape == (*TOKENS.shape, 4)
+    assert cache[f"blocks.{LAYER}.mlp.hook_expert_result"].shape == (*TOKENS.shape, 4, c.d_model)
+    assert ((weights != 0).sum(-1) == 2).all()  # top-2: two experts per token, the others weigh 0
+    chosen = weights.topk(2, dim=-1).indices.sort(-1).values
+    assert torch.equal(chosen, logits.topk(2, dim=-1).indices.sort(-1).values)  # every rule keeps the top logits
+    # Dense-MLP points do not exist on a mixture-of-experts block (they do on Llama 4's dense block 0).
+    for name in ("mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post"):
+        assert f"blocks.{LAYER}.{name}" not in model.hook_dict
+    assert ("blocks.0.mlp.hook_post" in model.hook_dict) == (c.model_type == "llama4_text")
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        MLP_WEIGHTS["W_in"](model, LAYER)
+
+
+def test_expert_results_sum_to_the_routed_output(model):
+    """Σ_expert hook_expert_result = hook_mlp_out, less the shared expert where the family has one."""
+    cache = _cache(model)
+    routed = cache[f"blocks.{LAYER}.mlp.hook_expert_result"].sum(-2)
+    mlp_in = {}
+    h = _moe(model, model.adapter.mlp_out).register_forward_hook(lambda m, a, o: mlp_in.update(x=a[0]))
+    with torch.no_grad():
+        model.hf_model(TOKENS)
+        h.remove()
+        x = mlp_in["x"].reshape(-1, model.cfg.d_model)
+        block = _moe(model, model.adapter.mlp_out)
+        shared = 0.0
+        if hasattr(block, "shared_expert_gate"):  # Qwen2-MoE: a sigmoid-gated shared expert
+            shared = torch.sigmoid(block.shared_expert_gate(x)) * block.shared_expert(x)
+        elif hasattr(block, "shared_expert"):  # Llama 4
+            shared = block.shared_expert(x)
+    _close(routed + torch.as_tensor(shared).reshape(routed.shape if torch.is_tensor(shared) else ()),
+           cache["mlp_out", LAYER])  # fmt: skip
+
+
+def test_router_logit_edit_reroutes_like_doubled_router_weights(model):
+    """Doubling the logits through the hook equals HF's own routing with the router's weights doubled."""
+    router = _moe(model, model.adapter.moe.router)
+    with torch.no_grad():
+        got = model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.mlp.hook_router_logits", lambda x, h: x * 2)])
+        params = [p for p in (router.weight, getattr(router, "bias", None)) if p is not None]
+        for p in params:
+            p.mul_(2)
+        try:
+            expected = model.hf_model(TOKENS).logits
+        finally:
+            for p in params:
+                p.div_(2)
+    assert not torch.equal(expected, model.hf_model(TOKENS).logits)
+    _close(got, expected)
+
+
+def test_router_logit_ban_keeps_an_expert_out(model):
+    seen = {}
+
+    def ban(x, hook):
+        x = x.clone()
+        x[..., 3] = float("-inf")
+        return x
+
+    with torch.no_grad():
+        model.run_with_hooks(TOKENS, fwd_hooks=[
+            (f"blocks.{LAYER}.mlp.hook_router_logits", ban),
+            (f"blocks.{LAYER}.mlp.hook_expert_weights", lambda w, h: seen.setdefault("w", w.clone())),
+        ])  # fmt: skip
+    assert (seen["w"][..., 3] == 0).all() and ((seen["w"] != 0).sum(-1) == 2).all()
+
+
+def _ban_in_router_output(model, expert: int):
+    """The oracle's edit of the router's own output: the banned expert's weight is 0 at the chosen tokens."""
+    positions = torch.zeros(TOKENS.shape, dtype=torch.bool)
+    for row, cols in BAN.items():
+        positions[row, cols] = True
+    flat = positions.reshape(-1)
+
+    def fn(out):
+        if model.adapter.moe.dense:  # Llama 4: (scores [token, expert], logits)
+            scores = out[0].clone()
+            scores[flat, expert] = 0
+            return (scores, *out[1:])
+        logits, weights, indices = out[0], out[1].clone(), out[2]
+        weights[(indices == expert) & flat[:, None]] = 0
+        return (logits, weights, indices, *out[3:])
+
+    return positions, fn
+
+
+@pytest.mark.parametrize("way", ["expert_weights", "expert_result"])
+def test_banning_an_expert_equals_zeroing_its_router_weight(model, way):
+    cache = _cache(model)
+    expert = int(cache[f"blocks.{LAYER}.mlp.hook_expert_weights"][0, 1].argmax())  # routed at (0, 1)
+    positions, oracle = _ban_in_router_output(model, expert)
+
+    def ban(x, hook):
+        x = x.clone()
+        x[positions, expert] = 0
+        return x
+
+    expected = _with_router_hook(model, oracle)
+    assert not torch.allclose(expected, model.hf_model(TOKENS).logits)
+    with torch.no_grad():
+        got = model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.mlp.hook_{way}", ban)])
+    _close(got, expected)
+
+
+def test_forcing_an_expert_equals_routing_it_in_the_router_output(model):
+    """Give token (1, 3) an expert it was not routed to, with the weight of the one it replaces."""
+    weights = _cache(model)[f"blocks.{LAYER}.mlp.hook_expert_weights"]
+    w = weights[1, 3]
+    old = int(w.masked_fill(w == 0, float("inf")).argmin())  # the weaker of its two experts
+    new = int((w == 0).nonzero()[0])
+    flat = 1 * TOKENS.shape[1] + 3
+
+    def force(x, hook):
+        x = x.clone()
+        x[1, 3, new], x[1, 3, old] = x[1, 3, old], 0
+        return x
+
+    def oracle(out):
+        if model.adapter.moe.dense:
+            scores = out[0].clone()
+            scores[flat, new], scores[flat, old] = scores[flat, old], 0
+            return (scores, *out[1:])
+        indices = out[2].clone()
+        indices[flat] = torch.where(out[2][flat] == old, new, out[2][flat])
+        return (out[0], out[1], indices, *out[3:])
+
+    expected = _with_router_hook(model, oracle)
+    with torch.no_grad():
+        got = model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.mlp.hook_expert_weights", force)])
+    _close(got, expected)
+
+
+def test_default_grouped_mm_kernel():
+    """Mixtral with the experts kernel real checkpoints use (grouped_mm; 16-byte rows, so width 36)."""
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("mixtral", vocab_size=V, hidden_size=32, intermediate_size=36, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                  num_experts_per_tok=2)  # fmt: skip
+    hf = AutoModelForCausalLM.from_config(config).eval()
+    assert hf.config._experts_implementation == "grouped_mm"
+    model = TransformerBridge(hf, char_tokenizer())
+    with torch.no_grad():
+        theirs = hf(TOKENS).logits
+        assert torch.equal(model(TOKENS), theirs)
+        logits, cache = model.run_with_cache(TOKENS)
+        assert torch.equal(logits, theirs)
+        _close(cache["blocks.1.mlp.hook_expert_result"].sum(-2), cache["mlp_out", 1])
+        zero = lambda x, h: x * 0  # noqa: E731
+        by_weights = model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.1.mlp.hook_expert_weights", zero)])
+        by_results = model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.1.mlp.hook_expert_result", zero)])
+        by_output = model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.1.hook_mlp_out", zero)])
+    _close(by_weights, by_output)
+    _close(by_results, by_output)
+
+
+def test_attention_sinks_pattern_is_hf_eager_attention():
+    """GPT-OSS: the pattern is HF's eager attention weights (the sink's share dropped: rows sum below 1)."""
+    model = make_bridge("gpt_oss")
+    with torch.no_grad():
+        hf = model.hf_model(TOKENS, output_attentions=True).attentions
+        _, cache = model.run_with_cache(TOKENS, names_filter=lambda n: n.endswith("hook_pattern"))
+    for layer in range(model.cfg.n_layers):
+        pattern = cache["pattern", layer]
+        _close(pattern, hf[layer])
+        assert (pattern.sum(-1) < 1).all()

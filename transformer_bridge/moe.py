@@ -1,0 +1,202 @@
+"""Mixture-of-experts hook points: the router's logits, the expert weights per token, each expert's output.
+
+On a block whose MLP is a mixture of experts (the adapter's `MoE` names its router and experts):
+
+- ``blocks.L.mlp.hook_router_logits [batch pos expert]``: the router's logits. An edit re-routes: the
+  bridge recomputes the top-k choice and weights from the edited logits with the family's rule
+  (`route`), so banning an expert is ``logits[..., e] = -inf``.
+- ``blocks.L.mlp.hook_expert_weights [batch pos expert]``: the weight each expert's output is multiplied
+  by, dense (0 for the experts a token is not routed to). An edit is the routing: a non-zero weight
+  sends the token to that expert (forcing it), a zero keeps it away (banning it). After an edit every
+  expert runs on every token (those with weight 0 add exact zeros), so the result is the sum the model
+  would compute for that routing.
+- ``blocks.L.mlp.hook_expert_result [batch pos expert d_model]``: each expert's weighted output,
+  zero for experts a token is not routed to; computed only while hooked (like ``attn.hook_result``),
+  one call of the experts module per expert. Summed over experts it is the routed part of
+  ``hook_mlp_out`` (plus the shared expert's output where the family has one). An edit replaces the
+  routed part by the edited sum.
+
+The router and experts modules work on flattened tokens ``[batch * pos, ...]``; the points show
+``[batch, pos, ...]``.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from .adapters.base import MoE, Routing
+from .hook_points import HookPoint, HookRegistry
+
+Run = Callable[[str, Tensor], Tensor]
+POINTS = ("router_logits", "expert_weights", "expert_result")
+
+
+@dataclass(eq=False)
+class ModuleSite:
+    """A forward hook on one module whose ``process(run, args, output)`` sees all its inputs and its whole
+    output, and returns the output (the same object when nothing changed)."""
+
+    module: nn.Module
+    process: Callable[[Run, tuple, Any], Any]
+    registry: HookRegistry
+    points: dict[str, HookPoint] = field(default_factory=dict)
+    served: list[HookPoint] = field(default_factory=list)
+    handle: RemovableHandle | None = None
+    fired: bool = False
+
+    @property
+    def attached(self) -> bool:
+        return self.handle is not None
+
+    def sync(self) -> None:
+        wanted = any(point.active for point in self.served)
+        if wanted and self.handle is None:
+            self.handle = self.module.register_forward_hook(self._post, with_kwargs=True)
+        elif not wanted and self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+    def detach(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+    def active(self, key: str) -> bool:
+        point = self.points.get(key)
+        return point is not None and point.active
+
+    def _run(self, key: str, tensor: Tensor) -> Tensor:
+        return self.points[key].run(tensor) if self.active(key) else tensor
+
+    def _post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        self.fired = True
+        new = self.process(self._run, args, output)
+        return None if new is output else new
+
+
+def is_moe_block(block: nn.Module, moe: MoE | None) -> bool:
+    """Whether ``block`` has experts (DeepSeek-V3, Qwen2-MoE and Llama 4 mix dense and MoE blocks)."""
+    if moe is None:
+        return False
+    module: Any = block
+    for part in moe.experts.split("."):
+        module = getattr(module, part, None)
+        if module is None:
+            return False
+    return True
+
+
+def route(
+    routing: Routing, logits: Float[Tensor, "token expert"], router: nn.Module
+) -> tuple[Tensor, Int[Tensor, "token top_k"]]:
+    """The expert weights and indices the router would give for ``logits``, by the family's rule.
+
+    Returns ``(weights [token top_k], indices [token top_k])``, or for ``topk_sigmoid`` (Llama 4)
+    ``(dense scores [token expert], indices)``.
+
+    Example:
+        >>> w, idx = route("softmax_topk", torch.randn(5, 4), model.hf_model.model.layers[0].mlp.gate)
+    """
+    k = router.top_k
+    if routing == "softmax_topk":
+        top, idx = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float), k, dim=-1)
+        if getattr(router, "norm_topk_prob", True):
+            top = top / top.sum(dim=-1, keepdim=True)
+        return top.to(logits.dtype), idx
+    if routing == "topk_softmax":
+        top, idx = torch.topk(logits, k, dim=-1)
+        return torch.softmax(top, dim=-1), idx
+    if routing == "topk_sigmoid":
+        top, idx = torch.topk(logits, k, dim=-1)
+        dense = torch.full_like(logits, float("-inf")).scatter(1, idx, top)
+        return torch.sigmoid(dense.float()).to(logits.dtype), idx
+    if routing == "sigmoid_group_topk":
+        scores = logits.sigmoid()
+        choice = scores + router.e_score_correction_bias
+        n, groups = logits.shape[-1], router.num_group
+        group_scores = choice.view(-1, groups, n // groups).topk(2, dim=-1).values.sum(dim=-1)
+        kept = group_scores.topk(router.topk_group, dim=-1).indices
+        mask = torch.zeros_like(group_scores).scatter(1, kept, 1).bool().repeat_interleave(n // groups, dim=1)
+        idx = choice.masked_fill(~mask, float("-inf")).topk(k, dim=-1).indices
+        weights = scores.gather(1, idx)
+        if router.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * router.routed_scaling_factor, idx
+    raise ValueError(f"Unknown `routing`={routing!r}; allowed: softmax_topk, topk_softmax, topk_sigmoid, "
+                     "sigmoid_group_topk.")  # fmt: skip
+
+
+def _batch(registry: HookRegistry) -> int:
+    return registry.ctx.positions.shape[0] if registry.ctx is not None else 1
+
+
+def _router(moe: MoE, router: nn.Module, registry: HookRegistry) -> ModuleSite:
+    """``hook_router_logits`` then ``hook_expert_weights`` on the router's output."""
+    n = router.num_experts
+
+    def process(run: Run, args: tuple, output: Any) -> Any:
+        if moe.dense:
+            weights, logits = output[0], output[1]
+        else:
+            logits, weights, indices = output[0], output[1], output[2]
+        batch = _batch(registry)
+        shown = logits.view(batch, -1, n)
+        new = run("router_logits", shown)
+        changed = new is not shown
+        if changed:
+            logits = new.reshape(logits.shape)
+            weights, indices = route(moe.routing, logits, router)
+        if site.active("expert_weights"):
+            dense = weights if moe.dense else torch.zeros_like(logits, dtype=weights.dtype).scatter(1, indices, weights)
+            shown = dense.view(batch, -1, n)
+            new = run("expert_weights", shown)
+            if new is not shown:
+                changed = True
+                weights = new.reshape(dense.shape)
+                if not moe.dense:  # every expert runs; the zero weights add exact zeros
+                    indices = torch.arange(n, device=logits.device).expand(dense.shape)
+        if not changed:
+            return output
+        if moe.dense:
+            return (weights, logits, *output[2:])
+        return (logits, weights, indices, *output[3:])
+
+    site = ModuleSite(router, process, registry)
+    return site
+
+
+def _experts(moe: MoE, experts: nn.Module, n: int, registry: HookRegistry) -> ModuleSite:
+    """``hook_expert_result``: each expert's weighted output, from one call of the experts module per expert."""
+
+    def process(run: Run, args: tuple, output: Tensor) -> Tensor:
+        batch = _batch(registry)
+        if moe.dense:  # Llama 4: the output is already [expert * token, d_model]
+            shown = output.view(n, batch, -1, output.shape[-1]).permute(1, 2, 0, 3)
+            new = run("expert_result", shown)
+            return output if new is shown else new.permute(2, 0, 1, 3).reshape(output.shape)
+        hidden, index, weights = args[:3]
+        dense = torch.zeros(index.shape[0], n, dtype=weights.dtype, device=weights.device)
+        dense = dense.scatter(1, index, weights)
+        one = torch.empty(index.shape[0], 1, dtype=index.dtype, device=index.device)
+        parts = [experts.forward(hidden, one.fill_(e).clone(), dense[:, e : e + 1]) for e in range(n)]
+        result = torch.stack(parts, dim=1)
+        shown = result.view(batch, -1, n, result.shape[-1])
+        new = run("expert_result", shown)
+        return output if new is shown else new.reshape(result.shape).sum(dim=1).to(output.dtype)
+
+    return ModuleSite(experts, process, registry)
+
+
+def moe_sites(
+    moe: MoE, block: nn.Module, registry: HookRegistry, get: Callable[[nn.Module, str], nn.Module]
+) -> list[tuple[str, ModuleSite]]:
+    """``(point key, site)`` for the MoE points of one block, in canonical order."""
+    router, experts = get(block, moe.router), get(block, moe.experts)
+    routing = _router(moe, router, registry)
+    result = _experts(moe, experts, router.num_experts, registry)
+    return [("router_logits", routing), ("expert_weights", routing), ("expert_result", result)]
