@@ -112,6 +112,7 @@ def hooked_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
     softcap: float | None = None,
+    s_aux: Tensor | None = None,
     **_: object,
 ) -> tuple[Tensor, Tensor] | None:
     """Explicit attention exposing rotated q/k, masked scores and the pattern to hooks.
@@ -149,7 +150,7 @@ def hooked_attention(
     new_scores = _run(groups, "scores", scores)
     edited |= new_scores is not scores
     scores = new_scores
-    pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    pattern = _softmax(scores, s_aux).to(query.dtype)
     new_pattern = _run(groups, "pattern", pattern)
     edited |= new_pattern is not pattern
     pattern = new_pattern
@@ -159,6 +160,17 @@ def hooked_attention(
         pattern = nn.functional.dropout(pattern, p=dropout, training=True)
     out = torch.matmul(pattern, value).transpose(1, 2).contiguous()
     return out, pattern
+
+
+def _softmax(scores: Tensor, sinks: Tensor | None) -> Tensor:
+    """Softmax over keys; with attention sinks (GPT-OSS: one learned logit per head, ``s_aux``) the sink
+    takes part in the normalisation and is then dropped, so a row of the pattern sums to less than 1."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1, dtype=torch.float32)
+    sink = sinks.reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1).to(scores.dtype)
+    combined = torch.cat([scores, sink], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    return torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]
 
 
 def _apply_mask(scores: Tensor, mask: Tensor | None, n_q: int, n_kv: int) -> Tensor:

@@ -29,7 +29,8 @@ def test_hooks_fire_at_prefill_and_every_decode_step_with_positions(model):
 
     n = 6
     # A second point makes OPT's flattened-MLP sites run too (they read ctx for the batch size).
-    with model.hooks(fwd_hooks=[("blocks.1.hook_resid_post", record), ("blocks.0.mlp.hook_post", lambda x, h: None)]):
+    mlp = "blocks.0.mlp.hook_post" if "blocks.0.mlp.hook_post" in model.hook_dict else "blocks.0.hook_mlp_out"  # MoE
+    with model.hooks(fwd_hooks=[("blocks.1.hook_resid_post", record), (mlp, lambda x, h: None)]):
         model.generate(tokens, attention_mask=mask, max_new_tokens=n, stop_at_eos=False)
     assert len(seen) == n  # the prefill and n - 1 decode steps (the last token is never fed back)
     phase, step, shape, positions, pad, generated = seen[0]
