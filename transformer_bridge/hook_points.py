@@ -45,6 +45,13 @@ class HookContext:
             accounted for, so a row's first real token is 0 (padding gets 0 too, see `pad_mask`).
         pad_mask: ``[batch, chunk]`` True where the token is left padding.
         is_generated: ``[batch, chunk]`` True where the token was produced by `generate`.
+        kind: what the chunk holds: ``"forward"``, ``"prompt"``, ``"sampled"`` (tokens just sampled),
+            ``"forced"`` (tokens a controller appended without sampling: k of them in one forward),
+            ``"refeed"`` (a row's last kept token again, after a backtrack), ``"recompute"`` (a whole
+            row again, ``use_cache=False``), or ``"mixed"`` when rows differ (see ``row_kinds``).
+        row_kinds: one of those per row of the batch, in a controlled `generate` (else empty).
+        rows: the output row each batch row is, in a controlled `generate` (forks add rows; finished
+            rows leave the batch), else empty.
 
     Example:
         >>> def only_position_5(resid, hook):
@@ -57,6 +64,9 @@ class HookContext:
     positions: Tensor
     pad_mask: Tensor
     is_generated: Tensor
+    kind: str = "forward"
+    row_kinds: tuple[str, ...] = ()
+    rows: tuple[int, ...] = ()
 
     @staticmethod
     def from_mask(
