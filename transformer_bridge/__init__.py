@@ -4,7 +4,7 @@ from .adapters import SUPPORTED_MODEL_TYPES, UnsupportedArchitectureError
 from .bridge import BridgeConfig, TransformerBridge
 from .cache import ActivationCache, CacheFileError, get_act_name
 from .core import BridgeCore
-from .generation import GenerationOutput, sample
+from .generation import Branch, GenerationOutput, View, sample
 from .hook_points import HookContext, HookHandle, HookPoint
 from .names import LayerOutOfRangeError, NotCachedError, UnknownHookError
 from .relevance import Relevance, RelevanceRun
@@ -13,6 +13,7 @@ from .sites import StaleCompiledHooksError
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "ActivationCache",
+    "Branch",
     "BridgeConfig",
     "BridgeCore",
     "CacheFileError",
@@ -28,6 +29,7 @@ __all__ = [
     "TransformerBridge",
     "UnknownHookError",
     "UnsupportedArchitectureError",
+    "View",
     "get_act_name",
     "sample",
 ]

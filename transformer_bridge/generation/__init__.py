@@ -19,14 +19,20 @@ from transformers import GenerationConfig
 from ..cache import ActivationCache
 from ..checks import check_int
 from ..core import BridgeCore, Input, NamesFilter
-from . import beams, decode, keywords, resolve, stream
+from . import beams, control, decode, keywords, resolve, stream
+from .branch import ANY_TOKEN, Branch, View
+from .control import ControllerError
 from .outputs import FINISH_REASONS, FinishReason, GenerationOutput
 from .sampling import draw, sample, warp_logits
 
 __all__ = [
+    "ANY_TOKEN",
     "FINISH_REASONS",
+    "Branch",
+    "ControllerError",
     "FinishReason",
     "GenerationOutput",
+    "View",
     "draw",
     "generate",
     "generate_stream",
@@ -127,6 +133,8 @@ def generate(
     device: str | torch.device | None = None,
     prepend_bos: bool | None = None,
     padding_side: Literal["left", "right"] | None = None,
+    controller: Any = None,
+    max_steps: int | None = None,
 ) -> Any:
     """Generate up to ``max_new_tokens`` tokens per row with the model's KV cache.
 
@@ -197,6 +205,12 @@ def generate(
             ``names_filter`` / ``device`` as in `run_with_cache`.
         prepend_bos: for text input, as in `to_tokens`. ``padding_side``: TransformerLens' keyword,
             accepted; generation always left-pads.
+        controller: between forwards, decides each row's next tokens: an object with
+            ``mid_process(view) -> list[Branch]`` or a callable ``f(view)`` (or a list, one per prompt);
+            it may mask the sampling, append forced tokens (one forward for all of them), backtrack,
+            fork or stop a row, and read the activations it names in ``reads`` from the same forward.
+            See docs/control.md and `transformer_bridge.grammar`. ``max_steps``: the forwards after the
+            prompt a controlled generation may run (default 4 × ``max_new_tokens``).
 
     Returns:
         The output (see ``return_type`` / ``return_dict``), or ``(output, cache)`` with
@@ -228,7 +242,14 @@ def generate(
         if p.num_return_sequences > 1:
             tokens = tokens.repeat_interleave(p.num_return_sequences, dim=0)
             mask = mask.repeat_interleave(p.num_return_sequences, dim=0)
-        out = decode.generate(model, tokens, mask, p)
+        if request.controller is None:
+            out = decode.generate(model, tokens, mask, p)
+        else:
+            controllers = control.check_controller(request.controller, request.tokens.shape[0])
+            controllers = [c for c in controllers for _ in range(p.num_return_sequences)]
+            if p.num_return_sequences > 1:
+                controllers = [control.own_copy(c) for c in controllers]
+            out = control.generate(model, tokens, mask, p, controllers, request.max_steps)
 
     cache = decode.recompute_cache(model, out, request.names, request.device) if request.return_cache else None
     if request.text_out:
@@ -253,6 +274,8 @@ _NOT_STREAMED = {
     **{name: "beam search cannot stream (the best beam is known only at the end); call `generate`."
        for name in ("num_beams", "length_penalty", "early_stopping")},
     "streamer": "`generate_stream` is the stream; for an HF streamer, call `generate(..., streamer=...)`.",
+    **{name: "a controller may backtrack tokens a stream has already yielded; call `generate(..., controller=...)`."
+       for name in ("controller", "max_steps")},
 }  # fmt: skip
 _SIGNATURE = inspect.signature(generate).parameters
 _STREAM_DEFAULTS = {

@@ -7,9 +7,11 @@ from typing import Literal
 from jaxtyping import Float, Int
 from torch import Tensor
 
-FinishReason = Literal["length", "eos", "stop_string", "max_time", "stopping_criteria"]
+FinishReason = Literal["length", "eos", "stop_string", "max_time", "stopping_criteria", "controller", "max_steps"]
 # Index = the code the decode loop keeps per row on the device; 0 ("length") is "still running at the end".
-FINISH_REASONS: tuple[FinishReason, ...] = ("length", "eos", "stop_string", "max_time", "stopping_criteria")
+FINISH_REASONS: tuple[FinishReason, ...] = (
+    "length", "eos", "stop_string", "max_time", "stopping_criteria", "controller", "max_steps",
+)  # fmt: skip
 
 
 @dataclass
@@ -28,7 +30,8 @@ class GenerationOutput:
         prompt_lengths: ``[batch]`` real (unpadded) prompt tokens per row.
         prompt_width: padded prompt width: generated tokens are ``sequences[:, prompt_width:]``.
         finish_reasons: per row ``"eos"``, ``"length"``, ``"stop_string"``, ``"max_time"`` or
-            ``"stopping_criteria"``.
+            ``"stopping_criteria"``; with a controller also ``"controller"`` (it returned no branch)
+            and ``"max_steps"`` (the step budget ran out).
         logprobs: ``[batch, new]`` log-probability of each chosen token under the model's own
             distribution (log-softmax of the raw logits, before penalties, temperature and
             truncation). With ``return_dict=True``.
@@ -42,6 +45,9 @@ class GenerationOutput:
             where a token was removed), as HF's ``GenerateDecoderOnlyOutput.scores``.
         sequences_scores: ``[batch]`` beam search: the length-penalised score of each returned beam.
         text: the decoded strings when the input was text (what the default return gives).
+        parents: with a controller, the row each row was forked from (-1: a row of the input). Forked
+            rows come after the input's rows, in the order they were made. ``logprobs`` of a forced
+            token is NaN when the generation ended before the forward that would score it.
 
     Example:
         >>> out = model.generate("Hello", max_new_tokens=5, return_dict=True, top_logprobs=3)
@@ -61,6 +67,7 @@ class GenerationOutput:
     scores: tuple[Float[Tensor, "batch d_vocab"], ...] | None = None
     sequences_scores: Float[Tensor, " batch"] | None = None
     text: list[str] | None = None
+    parents: list[int] | None = None
 
     @property
     def new_tokens(self) -> Int[Tensor, "batch new"]:

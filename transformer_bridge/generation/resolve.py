@@ -60,6 +60,8 @@ class Request:
     return_cache: bool
     names: list[str]
     device: torch.device | None
+    controller: Any = None  # as given; `control.check_controller` makes one per row
+    max_steps: int = 0
 
 
 class Settings:
@@ -144,6 +146,8 @@ def prepare(
     device: str | torch.device | None,
     prepend_bos: bool | None,
     padding_side: str | None,
+    controller: Any,
+    max_steps: int | None,
 ) -> Request:
     """Resolve every argument of `generate` (see the module docstring); raises before any forward.
 
@@ -213,8 +217,29 @@ def prepare(
         streamer=streamer, verbose=verbose, return_dict=return_dict or hf_layout, top_logprobs=top_logprobs,
         **outputs,
     )  # fmt: skip
+    steps = _control(controller, max_steps, plan)
     return Request(tokens, mask, prompts, single, text_out, plan, return_dict or hf_layout, hf_layout, return_cache,
-                   names, device)  # fmt: skip
+                   names, device, controller, steps)  # fmt: skip
+
+
+def _control(controller: Any, max_steps: int | None, plan: Plan) -> int:
+    """The step budget of a controlled generation (default 4 × ``max_new_tokens``); what cannot go with one."""
+    if controller is None:
+        if max_steps is not None:
+            raise ValueError("`max_steps` bounds a controlled generation: it needs a `controller`.")
+        return 0
+    clash = [name for name, on in (("num_beams > 1", plan.num_beams > 1), ("streamer", plan.streamer is not None),
+                                   ("top_logprobs", plan.top_logprobs), ("output_logits", plan.output_logits),
+                                   ("output_scores", plan.output_scores)) if on]  # fmt: skip
+    if clash:
+        raise ValueError(
+            f"`controller` cannot be combined with {clash}: a controller may backtrack and fork rows, which beam "
+            "search, a streamer and per-step records assume never happens. Use `return_dict=True` for each row's "
+            "log-probabilities, parents and finish reasons."
+        )
+    if max_steps is None:
+        return 4 * plan.max_new_tokens
+    return check_int("max_steps", max_steps, minimum=1, hint="It counts forwards after the prompt.")
 
 
 def _user_config(config: object) -> GenerationConfig | None:

@@ -1,0 +1,219 @@
+"""The generation engine: per-row state over one KV cache, fed in chunks of any width.
+
+A `Row` is one output sequence: its tokens (prompt + generated), the ones appended but not yet fed
+(``pending``), its parent (forks), and why it finished. The `Engine` holds the active rows in batch
+order and the KV cache (`KVRows`, each row right-aligned), and does four things:
+
+* `feed`: one forward over every active row's pending tokens: a prompt, one sampled token, k forced
+  tokens, a re-fed token after a backtrack, all in the same chunk (rows with fewer tokens are
+  left-padded inside the chunk, then realigned). Returns each row's next-token logits, and when
+  asked the logits of every chunk position (the log-probabilities of forced tokens).
+* `rewind`: drop a row's last n tokens (its KV entries too), per row, in one gather.
+* `fork`: copy rows, KV included, into new rows.
+* `retire`: drop finished rows from the batch.
+
+Positions are absolute per row (``hook.ctx.positions``): a row's first real token is 0 however it
+was padded, rewound or forked, so a position-based hook gives the same result as a fresh run.
+"""
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from ..core import BridgeCore
+from ..hook_points import HookContext
+from .kv import KVRows, realignment
+
+
+@dataclass
+class Row:
+    """One output sequence of a controlled `generate`.
+
+    Attributes:
+        id: its index in the output (rows of the input first, then forks in the order they were made).
+        parent: the row it was forked from (-1 for rows of the input).
+        tokens: real tokens, prompt then generated (pending ones included).
+        prompt_length: how many of ``tokens`` are the prompt.
+        pending: how many of the last ``tokens`` the next forward feeds.
+        kind: what the pending tokens are (``"prompt"``, ``"sampled"``, ``"forced"``, ``"refeed"``).
+        logprobs: one per generated token (NaN until known: a forced token's is known after its forward).
+        branch: the index of the branch that made this row (0 for rows of the input).
+        backtracked, appended: what the last branch applied to it did.
+        fresh: tokens fed since the controller last looked (what ``view.reads`` covers), from chunk
+            column ``column`` of the last forward on.
+        controller: this row's controller (its own copy after a fork, when the controller has ``fork``).
+        deferred: a branch to apply after the next forward (sampling after a backtrack needs the
+            logits of the rewound position).
+        finish: why it finished (None while running).
+    """
+
+    id: int
+    parent: int
+    tokens: list[int]
+    prompt_length: int
+    pending: int
+    kind: str = "prompt"
+    logprobs: list[float] = field(default_factory=list)
+    branch: int = 0
+    backtracked: int = 0
+    appended: list[int] = field(default_factory=list)
+    fresh: int = 0
+    column: int = 0
+    controller: Any = None
+    deferred: Any = None
+    finish: str | None = None
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_length :]
+
+    def append(self, tokens: list[int], kind: str, first_logprob: float) -> None:
+        self.tokens.extend(tokens)
+        self.logprobs.extend([first_logprob] + [math.nan] * (len(tokens) - 1))
+        self.pending, self.kind, self.appended = len(tokens), kind, list(tokens)
+
+    def copy(self, id: int, controller: Any) -> "Row":
+        return replace(self, id=id, parent=self.id, tokens=list(self.tokens), logprobs=list(self.logprobs),
+                       appended=list(self.appended), controller=controller, deferred=None)  # fmt: skip
+
+
+class Engine:
+    """Active rows and their KV cache; see the module docstring.
+
+    Example:
+        >>> engine = Engine(model, [Row(0, -1, [1, 5, 7], 3, pending=3)], pad_token_id=0)
+        >>> logits, _ = engine.feed(step=0)     # the prompt: [1, d_vocab]
+    """
+
+    def __init__(self, model: BridgeCore, rows: list[Row], pad_token_id: int, use_cache: bool = True) -> None:
+        self.model, self.rows, self.pad, self.use_cache = model, rows, pad_token_id, use_cache
+        self.kv = KVRows()
+        self.device = model.device
+        self.real = torch.zeros((len(rows), 0), dtype=torch.bool, device=self.device)  # [batch, key_pos]
+        self.forwards = 0
+
+    def feed(
+        self, step: int, all_logits: bool = False
+    ) -> tuple[Float[Tensor, "batch d_vocab"], Float[Tensor, "batch chunk d_vocab"] | None]:
+        """One forward over each active row's pending tokens; the next-token logits per row, and with
+        ``all_logits`` those of every chunk position (left-padded like the chunk)."""
+        rows = self.rows
+        if not self.use_cache:  # the reference: every row from its first token again
+            self.kv.clear()
+            self.real = self.real[:, :0]
+            for r in rows:
+                r.fresh, r.pending = r.pending, len(r.tokens)
+        width = max(r.pending for r in rows)
+        # A row with fewer tokens than the chunk is padded on the right of its tokens when it has cached
+        # entries (its tokens must follow them directly, or a sliding window would count the padding), and
+        # on the left when it has none (a left-padded prompt, as the plain loop feeds it).
+        left = self.kv.length == 0
+        chunk = torch.full((len(rows), width), self.pad, dtype=torch.long)
+        new = torch.zeros((len(rows), width), dtype=torch.bool)
+        positions = torch.zeros((len(rows), width), dtype=torch.long)
+        generated = torch.zeros((len(rows), width), dtype=torch.bool)
+        for i, r in enumerate(rows):
+            n, total = r.pending, len(r.tokens)
+            r.column = width - n if left else 0
+            cols = slice(r.column, r.column + n)
+            chunk[i, cols] = torch.tensor(r.tokens[total - n :])
+            new[i, cols] = True
+            positions[i, cols] = torch.arange(total - n, total)
+            generated[i, cols] = positions[i, cols] >= r.prompt_length
+        chunk, new, positions, generated = (t.to(self.device) for t in (chunk, new, positions, generated))
+        kinds = tuple("recompute" if not self.use_cache else r.kind for r in rows)
+        kind = kinds[0] if len(set(kinds)) == 1 else "mixed"
+        phase = "prefill" if kind == "prompt" else "decode"
+        ctx = HookContext(phase, step, positions, ~new, generated, kind, kinds, tuple(r.id for r in rows))
+        mask = torch.cat([self.real, new], dim=1)
+        padded = not bool(mask.all())
+        last_column = left or all(r.pending == width for r in rows)
+        out = self.model.run_model(
+            chunk, mask.long() if padded else None, ctx, past_key_values=self.kv.cache, position_ids=positions,
+            logits_to_keep=1 if last_column and not all_logits else 0,
+        )  # fmt: skip
+        self.forwards += 1
+        self.real = mask
+        ends = torch.tensor([r.column + r.pending - 1 for r in rows], device=self.device)
+        logits = out.logits[:, -1] if last_column else out.logits[torch.arange(len(rows), device=self.device), ends]
+        for r in rows:
+            if self.use_cache:
+                r.fresh = r.pending
+            r.column += r.pending - r.fresh  # the first fresh token's column
+            r.pending = 0
+        if padded:
+            self._realign()
+        return logits, (out.logits if all_logits else None)
+
+    def rewind(self, drops: list[int], refeed: list[bool]) -> None:
+        """Drop the last ``drops[i]`` tokens of batch row ``i`` (tokens, KV entries and records); where
+        ``refeed[i]``, also take the last kept token out of the cache and make it pending again, so the
+        next forward gives the logits of the rewound position."""
+        if not any(drops) and not any(refeed):
+            return
+        keep = self.real.clone()
+        for i, (r, n, again) in enumerate(zip(self.rows, drops, refeed, strict=True)):
+            if n:
+                del r.tokens[len(r.tokens) - n :]
+                del r.logprobs[max(len(r.tokens) - r.prompt_length, 0) :]
+            if again:
+                r.pending, r.kind = 1, "refeed"
+            # Right-aligned: a row's newest entries are its last columns.
+            keep[i, keep.shape[1] - n - int(again) :] = False
+        self.real = keep
+        self._realign()
+
+    def fork(self, sources: list[int], rows: list[Row]) -> None:
+        """Append ``rows`` to the batch, row ``j`` a copy of batch row ``sources[j]`` (KV included)."""
+        index = torch.tensor(list(range(len(self.rows))) + sources, device=self.device)
+        self.kv.select(index)
+        self.real = self.real.index_select(0, index)
+        self.rows = self.rows + rows
+
+    def retire(self) -> list[Row]:
+        """Remove finished rows from the batch; returns them."""
+        done = [r for r in self.rows if r.finish is not None]
+        if done:
+            keep = [i for i, r in enumerate(self.rows) if r.finish is None]
+            index = torch.tensor(keep, dtype=torch.long, device=self.device)
+            self.kv.select(index)
+            self.real = self.real.index_select(0, index)
+            self.rows = [self.rows[i] for i in keep]
+            if self.rows:
+                self._realign()
+        return done
+
+    def _realign(self) -> None:
+        order, start = realignment(self.real)
+        if start == 0 and bool(self.real.all()):
+            return
+        self.kv.realign(order, start)
+        self.real = self.real.gather(1, order)[:, start:]
+
+
+def fill_forced_logprobs(rows: list[Row], chunk_logits: Float[Tensor, "batch chunk d_vocab"]) -> None:
+    """Log-probabilities of forced tokens, from the forward that fed them (logits at position t predict t + 1)."""
+    for i, r in enumerate(rows):
+        n, start = r.fresh, len(r.tokens) - r.fresh
+        first = r.column
+        for j in range(1, n):
+            g = start + j - r.prompt_length
+            if g >= 0 and math.isnan(r.logprobs[g]):
+                logits = chunk_logits[i, first + j - 1].float()
+                r.logprobs[g] = float(logits.log_softmax(-1)[r.tokens[start + j]])
+
+
+def as_batch(rows: list[Row], pad: int, width: int | None = None) -> tuple[Int[Tensor, "batch pos"], Tensor]:
+    """Rows as one left-padded batch (tokens, mask), at least ``width`` wide."""
+    longest = max([len(r.tokens) for r in rows] + [width or 0])
+    tokens = torch.full((len(rows), longest), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), longest), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r.tokens:
+            tokens[i, longest - len(r.tokens) :] = torch.tensor(r.tokens)
+            mask[i, longest - len(r.tokens) :] = 1
+    return tokens, mask
