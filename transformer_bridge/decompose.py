@@ -253,14 +253,23 @@ def final_normalized(
     return stack / scale.to(stack.device, stack.dtype)
 
 
+def logit_multiplier(model: Any) -> float:
+    """The constant a family multiplies its logits by after the unembedding: Cohere's ``logit_scale``,
+    Granite's ``1 / logits_scaling`` (read from the HF config); 1.0 for every other family."""
+    config = model.hf_model.config
+    return float(getattr(config, "logit_scale", None) or 1.0) / float(getattr(config, "logits_scaling", None) or 1.0)
+
+
 def logit_direction(
     model: Any, tokens: Int[Tensor, "..."], contrast: Int[Tensor, "..."] | int | None = None
 ) -> Float[Tensor, "... d_model"]:
-    """``γ ⊙ W_U[:, token]`` (minus the contrast token's): what a normalised residual is read along."""
+    """``γ ⊙ W_U[:, token]`` (minus the contrast token's), times `logit_multiplier`: what a normalised residual
+    is read along."""
     direction = model.unembed_directions(tokens)
     if contrast is not None:
         direction = direction - model.unembed_directions(contrast)
-    return direction
+    scale = logit_multiplier(model)
+    return direction if scale == 1.0 else direction * scale
 
 
 def logit_attributions(
@@ -280,7 +289,8 @@ def readout_biases(
     model: Any, tokens: Int[Tensor, "n"], contrast: int | None = None
 ) -> tuple[Float[Tensor, "bias n"], list[str]]:
     """The constant terms of each token's logit: ``β · W_U[:, t]`` (``bias:ln_final``, a final norm with a
-    bias) and ``b_U[t]`` (``bias:unembed``), minus the contrast token's; ``[0, n]`` when there are none."""
+    bias) and ``b_U[t]`` (``bias:unembed``), minus the contrast token's, times `logit_multiplier`; ``[0, n]``
+    when there are none."""
     rows, labels = [], []
     unembed = model.hf_model.get_output_embeddings()
     w = unembed.weight.detach().float()
@@ -297,4 +307,4 @@ def readout_biases(
         labels.append("bias:unembed")
     if not rows:
         return torch.zeros(0, len(tokens)), []
-    return torch.stack(rows).cpu(), labels
+    return (torch.stack(rows) * logit_multiplier(model)).cpu(), labels

@@ -2,14 +2,16 @@
 
 What it computes: each cached ``blocks.L.hook_resid_post`` at the predicting position is passed
 through the model's own final norm (its scale recomputed from that residual, not the cached final
-one) and unembedding (and Gemma 2's soft-cap). ``scores`` holds the token's probability per layer;
-``extras["rank"]`` its rank (0 = top) and ``extras["target"]`` the target per layer. The last layer
-reproduces the model's output distribution. Cost: ``n_layers`` unembeddings of the explained rows.
+one) and unembedding (and Cohere's logit scale, Gemma 2's soft-cap). ``scores`` holds the token's
+probability per layer; ``extras["rank"]`` its rank (0 = top) and ``extras["target"]`` the target per
+layer. The last layer reproduces the model's output distribution. Cost: ``n_layers`` unembeddings of
+the explained rows.
 """
 
 import torch
 
 from ..core import BridgeCore
+from ..decompose import logit_multiplier
 from ..sites import get_module
 from .cache_access import require
 from .protocol import Method, Request
@@ -38,10 +40,11 @@ def logit_lens(request: Request) -> MethodOutput:
     norm = get_module(model.hf_model, model.adapter.ln_final)
     unembed = model.hf_model.get_output_embeddings()
     cap = getattr(model.hf_model.config, "final_logit_softcapping", None)
+    scale = logit_multiplier(model)  # Cohere's logit_scale, Granite's 1 / logits_scaling
     probs, ranks, values = [], [], []
     for name in names:
         resid = acts[name][rows.to(acts[name].device), cols.to(acts[name].device)].to(model.device)
-        logits = unembed(norm(resid[:, None]))[:, 0].float()
+        logits = unembed(norm(resid[:, None]))[:, 0].float() * scale
         if cap:
             logits = torch.tanh(logits / cap) * cap
         picked = logits.gather(-1, ids[:, None])
