@@ -217,7 +217,7 @@ def b_O(core: BridgeCore, layer: int) -> Float[Tensor, "d_model"]:  # noqa: N802
     """Output bias of ``layer`` (added once, not per head): a view, or zeros when the family has none."""
     module = get_module(_block(core, layer), core.adapter.o_proj)
     b = _bias(module)
-    return _zeros(module.weight, core.cfg.d_model) if b is None else b
+    return _zeros(full_param(module), core.cfg.d_model) if b is None else b
 
 
 # -- MLP (per layer) -------------------------------------------------------------------------------------
@@ -247,7 +247,7 @@ def b_out(core: BridgeCore, layer: int) -> Float[Tensor, "d_model"]:
     """Bias of `W_out`: a view, or zeros when the family has none."""
     module = get_module(_block(core, layer), core.adapter.mlp_down)
     b = _bias(module)
-    return _zeros(module.weight, core.cfg.d_model) if b is None else b
+    return _zeros(full_param(module), core.cfg.d_model) if b is None else b
 
 
 # -- embeddings and unembedding ----------------------------------------------------------------------------
