@@ -4,7 +4,8 @@
 decomposition, `apply_ln_to_stack` and `logit_attrs`, as functions of a cache whose model is a
 bridge; the cache exposes them as methods (``cache.stack_head_results(...)``). ``cache.py`` imports
 this module, so this one reaches the cache only through the object it is given; weights come from
-the HF modules the adapter names.
+the HF modules the adapter names. The parts themselves (embeddings, heads, neurons, MLP outputs, biases)
+come from `decompose.components`, the decomposition the ``dla`` relevance method also reads.
 
 Every component is what a block adds to the residual stream, so a decomposition sums to the
 residual it decomposes up to float rounding, on every family. Gemma 2 normalises the attention and
