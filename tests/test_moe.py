@@ -8,6 +8,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge
 from transformer_bridge.compat.weights import MLP_WEIGHTS
+from transformer_bridge.moe import route
 from transformer_bridge.sites import get_module
 
 TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(7))
@@ -212,3 +213,52 @@ def test_attention_sinks_pattern_is_hf_eager_attention():
         pattern = cache["pattern", layer]
         _close(pattern, hf[layer])
         assert (pattern.sum(-1) < 1).all()
+
+
+def test_expert_internals_match_the_experts_module():
+    """``hook_expert_post`` through each expert's down projection is what the HF experts module computes."""
+    model = make_bridge("mixtral")
+    experts = _moe(model, model.adapter.moe.experts)
+    cache = _cache(model)
+    hidden = {}
+    h = experts.register_forward_hook(lambda m, a, o: hidden.update(x=a[0]))
+    with torch.no_grad():
+        model.hf_model(TOKENS)
+        h.remove()
+        x, n = hidden["x"], model.cfg.num_experts
+        for e in range(n):
+            theirs = experts(x, torch.full((x.shape[0], 1), e), torch.ones(x.shape[0], 1))
+            ours = cache[f"blocks.{LAYER}.mlp.hook_expert_post"][:, :, e] @ experts.down_proj[e].T
+            _close(ours.reshape(theirs.shape), theirs)
+    assert cache[f"blocks.{LAYER}.mlp.hook_expert_pre"].shape == (*TOKENS.shape, n, model.cfg.d_mlp)
+    # Zeroing an expert's hidden activation at some tokens bans it there.
+    expert = int(cache[f"blocks.{LAYER}.mlp.hook_expert_weights"][0, 1].argmax())
+    positions, oracle = _ban_in_router_output(model, expert)
+
+    def zero(x, hook):
+        x = x.clone()
+        x[positions, expert] = 0
+        return x
+
+    with torch.no_grad():
+        got = model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.mlp.hook_expert_post", zero)])
+    _close(got, _with_router_hook(model, oracle))
+
+
+def test_deepseek_group_routing_rule_equals_hf_router():
+    """DeepSeek-V3's rule (sigmoid, bias-corrected group top-k) as `route` computes it, against HF's router."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    config = AutoConfig.for_model("deepseek_v3", hidden_size=32, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
+                                  topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5)  # fmt: skip
+    torch.manual_seed(0)
+    router = DeepseekV3TopkRouter(config)
+    with torch.no_grad():
+        router.weight.normal_()
+        router.e_score_correction_bias.normal_(std=0.1)
+        x = torch.randn(20, 32)
+        logits, weights, indices = router(x)
+        ours_w, ours_i = route("sigmoid_group_topk", logits, router)
+    order, ours_order = indices.argsort(-1), ours_i.argsort(-1)
+    assert torch.equal(indices.gather(1, order), ours_i.gather(1, ours_order))
+    _close(weights.gather(1, order), ours_w.gather(1, ours_order))

@@ -10,11 +10,17 @@ On a block whose MLP is a mixture of experts (the adapter's `MoE` names its rout
   sends the token to that expert (forcing it), a zero keeps it away (banning it). After an edit every
   expert runs on every token (those with weight 0 add exact zeros), so the result is the sum the model
   would compute for that routing.
+- ``blocks.L.mlp.hook_expert_pre`` and ``hook_expert_post [batch pos expert d_mlp]`` (experts stored
+  as ``gate_up_proj [expert, 2 * d_mlp, d_model]`` and ``down_proj [expert, d_model, d_mlp]`` with no
+  biases: Mixtral, Qwen-MoE, OLMoE): each expert's gate pre-activation and its ``act(gate) * up``, the
+  input of its down projection; TransformerLens' ``hook_pre`` / ``hook_post`` per expert. Every
+  expert is evaluated on every token (those a token is not routed to weigh 0). Computed only while
+  hooked; an edit makes the bridge compute the routed sum itself from them.
 - ``blocks.L.mlp.hook_expert_result [batch pos expert d_model]``: each expert's weighted output,
   zero for experts a token is not routed to; computed only while hooked (like ``attn.hook_result``),
-  one call of the experts module per expert. Summed over experts it is the routed part of
-  ``hook_mlp_out`` (plus the shared expert's output where the family has one). An edit replaces the
-  routed part by the edited sum.
+  from the points above, or else by one call of the experts module per expert. Summed over experts
+  it is the routed part of ``hook_mlp_out`` (plus the shared expert's output where the family has
+  one). An edit replaces the routed part by the edited sum.
 
 The router and experts modules work on flattened tokens ``[batch * pos, ...]``; the points show
 ``[batch, pos, ...]``.
@@ -33,7 +39,6 @@ from .adapters.base import MoE, Routing
 from .hook_points import HookPoint, HookRegistry
 
 Run = Callable[[str, Tensor], Tensor]
-POINTS = ("router_logits", "expert_weights", "expert_result")
 
 
 @dataclass(eq=False)
@@ -170,11 +175,28 @@ def _router(moe: MoE, router: nn.Module, registry: HookRegistry) -> ModuleSite:
     return site
 
 
-def _experts(moe: MoE, experts: nn.Module, n: int, registry: HookRegistry) -> ModuleSite:
-    """``hook_expert_result``: each expert's weighted output, from one call of the experts module per expert."""
+def has_expert_internals(experts: nn.Module, d_model: int) -> bool:
+    """Experts stored as ``gate_up_proj [expert, 2 * d_mlp, d_model]``, ``down_proj [expert, d_model, d_mlp]``,
+    no biases: the layout whose hidden activations the bridge computes itself (``hook_expert_pre/post``)."""
+    gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+    return (
+        isinstance(gate_up, Tensor)
+        and isinstance(down, Tensor)
+        and gate_up.dim() == down.dim() == 3
+        and gate_up.shape[-1] == down.shape[1] == d_model
+        and gate_up.shape[1] == 2 * down.shape[2]
+        and getattr(experts, "gate_up_proj_bias", None) is None
+        and callable(getattr(experts, "act_fn", None))
+    )
+
+
+def _experts(moe: MoE, experts: nn.Module, n: int, registry: HookRegistry, internals: bool) -> ModuleSite:
+    """``hook_expert_pre`` / ``hook_expert_post`` (``internals``) and ``hook_expert_result``."""
 
     def process(run: Run, args: tuple, output: Tensor) -> Tensor:
         batch = _batch(registry)
+        if internals:
+            return _from_internals(run, args, output, batch)
         if moe.dense:  # Llama 4: the output is already [expert * token, d_model]
             shown = output.view(n, batch, -1, output.shape[-1]).permute(1, 2, 0, 3)
             new = run("expert_result", shown)
@@ -189,6 +211,25 @@ def _experts(moe: MoE, experts: nn.Module, n: int, registry: HookRegistry) -> Mo
         new = run("expert_result", shown)
         return output if new is shown else new.reshape(result.shape).sum(dim=1).to(output.dtype)
 
+    def _from_internals(run: Run, args: tuple, output: Tensor, batch: int) -> Tensor:
+        hidden, index, weights = args[:3]
+        dense = torch.zeros(index.shape[0], n, dtype=weights.dtype, device=weights.device)
+        dense = dense.scatter(1, index, weights)
+        gate_up = torch.einsum("td,ejd->tej", hidden, experts.gate_up_proj)
+        d_mlp = gate_up.shape[-1] // 2
+        gate, up = gate_up[..., :d_mlp], gate_up[..., d_mlp:]  # slices, not chunk(): see sites.fused_qkv
+        shown = gate.reshape(batch, -1, n, d_mlp)
+        pre = run("expert_pre", shown)
+        edited = pre is not shown
+        shown = (experts.act_fn(pre) * up.reshape(pre.shape)).reshape(pre.shape)
+        post = run("expert_post", shown)
+        edited |= post is not shown
+        out = torch.einsum("bpej,edj->bped", post, experts.down_proj) * dense.reshape(batch, -1, n, 1)
+        result = run("expert_result", out)
+        if not edited and result is out:
+            return output
+        return result.reshape(-1, n, result.shape[-1]).sum(dim=1).to(output.dtype)
+
     return ModuleSite(experts, process, registry)
 
 
@@ -198,5 +239,7 @@ def moe_sites(
     """``(point key, site)`` for the MoE points of one block, in canonical order."""
     router, experts = get(block, moe.router), get(block, moe.experts)
     routing = _router(moe, router, registry)
-    result = _experts(moe, experts, router.num_experts, registry)
-    return [("router_logits", routing), ("expert_weights", routing), ("expert_result", result)]
+    internals = not moe.dense and has_expert_internals(experts, router.weight.shape[-1])
+    computed = _experts(moe, experts, router.num_experts, registry, internals)
+    keys = ["expert_pre", "expert_post", "expert_result"] if internals else ["expert_result"]
+    return [("router_logits", routing), ("expert_weights", routing), *((key, computed) for key in keys)]
