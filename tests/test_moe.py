@@ -9,6 +9,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformer_bridge import TransformerBridge
 from transformer_bridge.compat.weights import MLP_WEIGHTS
 from transformer_bridge.moe import route
+from transformer_bridge.names import get_act_name
 from transformer_bridge.sites import get_module
 
 TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(7))
@@ -262,3 +263,14 @@ def test_deepseek_group_routing_rule_equals_hf_router():
     order, ours_order = indices.argsort(-1), ours_i.argsort(-1)
     assert torch.equal(indices.gather(1, order), ours_i.gather(1, ours_order))
     _close(weights.gather(1, order), ours_w.gather(1, ours_order))
+
+
+def test_shorthand_names(model):
+    """The MoE points go through the one name grammar: keys, bare shorthand, cache lookups, unknown names."""
+    assert get_act_name("router_logits", 1) == "blocks.1.mlp.hook_router_logits"
+    _, cache = model.run_with_cache(TOKENS, names_filter="expert_weights")  # that point in every MoE block
+    assert [n for n in cache] == [f"blocks.{i}.mlp.hook_expert_weights" for i in range(model.cfg.n_layers)
+                                  if f"blocks.{i}.mlp.hook_expert_weights" in model.hook_dict]  # fmt: skip
+    assert torch.equal(cache["expert_weights", LAYER], cache[f"blocks.{LAYER}.mlp.hook_expert_weights"])
+    with pytest.raises(KeyError, match="hook_router_logits"):
+        model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.mlp.hook_router_logit", lambda x, h: x)])
