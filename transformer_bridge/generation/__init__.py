@@ -245,7 +245,7 @@ def generate(
         if request.controller is None:
             out = decode.generate(model, tokens, mask, p)
         else:
-            controllers = control.check_controller(request.controller, request.tokens.shape[0])
+            controllers = control.check_controller(request.controller, request.tokens.shape[0], model)
             controllers = [c for c in controllers for _ in range(p.num_return_sequences)]
             if p.num_return_sequences > 1:
                 controllers = [control.own_copy(c) for c in controllers]
@@ -329,4 +329,8 @@ def _texts(model: BridgeCore, prompts: list[str] | None, out: GenerationOutput, 
                for row, keep in zip(rows, real, strict=True)]  # fmt: skip
     if prompts is None:
         return decoded
-    return [prompts[i // n] + completion for i, completion in enumerate(decoded)]
+    origin = list(range(len(decoded)))
+    for i, parent in enumerate(out.parents or []):
+        if parent >= 0:
+            origin[i] = origin[parent]  # forks come after their parent: the row whose prompt they continue
+    return [prompts[origin[i] // n] + completion for i, completion in enumerate(decoded)]

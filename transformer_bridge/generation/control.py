@@ -4,7 +4,10 @@ After every forward each running row is shown to its controller as a `View` (its
 next-token logits, the activations the controller ``reads`` from that same forward) and the
 controller answers with branches (`Branch`): mask the sampling, append forced tokens (all of them in
 one forward), backtrack, fork, or stop. A controller is an object with ``mid_process(view)`` or a
-plain callable ``c(view)``; it may declare ``reads = ["blocks.3.hook_resid_post", ...]``.
+plain callable ``c(view)``; it may declare ``reads = ["blocks.3.hook_resid_post", ...]``. Optional
+methods: ``bind(model)`` (called once, returns the controller to use: a grammar binds the tokenizer)
+and ``appended(generated)`` (called when tokens are appended to its row, before the forward that feeds
+them: a grammar starts computing its next mask there, in parallel with the forward).
 
 Per-row state: when the controller has a ``fork()`` method, every row gets its own copy
 (``c.fork()`` for each input row, ``row_controller.fork()`` when a row forks) and the object passed
@@ -44,8 +47,11 @@ class ControllerError(RuntimeError):
     """A controller raised; the message names the row and the step, the cause is chained."""
 
 
-def check_controller(controller: Any, batch: int) -> list[Any]:
-    """The controller of each input row (see the module docstring); raises naming `controller`."""
+def check_controller(controller: Any, batch: int, model: BridgeCore) -> list[Any]:
+    """The controller of each input row (see the module docstring); raises naming `controller`.
+
+    A controller with ``bind(model)`` (a grammar: it needs the tokenizer) is replaced by what that returns.
+    """
     given = list(controller) if isinstance(controller, (list, tuple)) else None
     if given is not None and len(given) != batch:
         raise ValueError(f"`controller` is a list of {len(given)}; give one per prompt ({batch}) or a single one.")
@@ -57,7 +63,8 @@ def check_controller(controller: Any, batch: int) -> list[Any]:
         reads = getattr(c, "reads", ())
         if isinstance(reads, str) or not all(isinstance(n, str) for n in reads):
             raise ArgumentTypeError(f"`controller.reads` must be a list of hook names, got {describe(reads)}.")
-    return [own_copy(c) for c in (given or [controller] * batch)]
+    bound = [c.bind(model) if callable(getattr(c, "bind", None)) else c for c in given or [controller]]
+    return [own_copy(c) for c in (bound if given else bound * batch)]
 
 
 def generate(
@@ -158,6 +165,7 @@ def _apply(
         first = _logprob(logits[i], tokens[0]) if p.record else math.nan
         rows[i].append([int(t) for t in tokens], "forced" if len(tokens) > 1 else "sampled", first)
         _stop(rows[i], p, logits[i : i + 1].float())
+        _appended(rows[i])
     if to_sample:
         _sample(rows, to_sample, logits, p)
     return forks
@@ -188,6 +196,7 @@ def _sample(rows: list[Row], plan: list[tuple[int, Branch, Tensor | None]], logi
         first = float(logprobs[k, t]) if logprobs is not None else math.nan
         rows[i].append([int(x) for x in follow], "sampled" if len(follow) == 1 else "forced", first)
         _stop(rows[i], p, scores[k : k + 1])
+        _appended(rows[i])
 
 
 def _processed(row: Row, scores: Tensor, p: Plan) -> Tensor:
@@ -260,6 +269,13 @@ def _output(rows: list[Row], prompt_width: int, p: Plan, device: torch.device) -
         logprobs=logprobs.to(device) if p.record else None,
         parents=[r.parent for r in rows],
     )
+
+
+def _appended(row: Row) -> None:
+    """Tell the row's controller what was appended, before the forward (a grammar starts its next mask)."""
+    notify = getattr(row.controller, "appended", None)
+    if row.finish is None and callable(notify):
+        notify(row.generated)
 
 
 def own_copy(controller: Any) -> Any:
