@@ -29,11 +29,32 @@ _SHORT = {
     "q": "attn", "k": "attn", "v": "attn", "rot_q": "attn", "rot_k": "attn", "z": "attn", "result": "attn",
     "attn_scores": "attn", "scores": "attn", "pattern": "attn", "attn": "attn",
     "pre": "mlp", "pre_linear": "mlp", "post": "mlp",
+    "router_logits": "mlp", "expert_weights": "mlp", "expert_pre": "mlp", "expert_post": "mlp",
+    "expert_result": "mlp",
     "scale": "norm", "normalized": "norm",
 }  # fmt: skip
 _RENAME = {"scores": "attn_scores", "attn": "pattern"}
 _NORMS = ("ln1", "ln2", "ln1_post", "ln2_post", "ln_final")
 _BLOCK_NAME = re.compile(r"blocks\.(-?\d+)\.(.+)")
+# TransformerLens 4's bridge spells points by component input/output; each is another spelling of one point.
+_TL4_BLOCK = {
+    "hook_in": "hook_resid_pre", "hook_out": "hook_resid_post", "ln1.hook_in": "hook_resid_pre",
+    "attn.q.hook_out": "attn.hook_q", "attn.k.hook_out": "attn.hook_k", "attn.v.hook_out": "attn.hook_v",
+    "attn.o.hook_in": "attn.hook_z", "attn.hook_out": "hook_attn_out", "mlp.hook_out": "hook_mlp_out",
+    "mlp.in.hook_out": "mlp.hook_pre", "mlp.out.hook_in": "mlp.hook_post",
+}  # fmt: skip
+_TL4_MODEL = {"embed.hook_out": "hook_embed", "pos_embed.hook_out": "hook_pos_embed"}
+
+
+def tl4_spelling(name: str) -> str:
+    """The canonical name for a TransformerLens 4 bridge spelling (``blocks.0.hook_in`` →
+    ``blocks.0.hook_resid_pre``, ``embed.hook_out`` → ``hook_embed``); other names unchanged."""
+    if name in _TL4_MODEL:
+        return _TL4_MODEL[name]
+    match = _BLOCK_NAME.fullmatch(name)
+    if match and match.group(2) in _TL4_BLOCK:
+        return f"blocks.{match.group(1)}.{_TL4_BLOCK[match.group(2)]}"
+    return name
 
 
 class UnknownHookError(KeyError):
@@ -131,7 +152,7 @@ class HookNames:
         elif isinstance(key, str):
             if key in self.valid_set:
                 return key
-            name = get_act_name(key) if key in _SHORT and _SHORT[key] in ("", "norm") else key
+            name = get_act_name(key) if key in _SHORT and _SHORT[key] in ("", "norm") else tl4_spelling(key)
         else:
             raise TypeError(
                 f"`{param}` must be a hook name (str) or a key tuple like ('resid_post', 0), got "

@@ -2,7 +2,8 @@
 
 `get_act_name` (TransformerLens' shorthand, aliases and compact forms such as ``"k6"``, resolved by
 the bridge's one name grammar), `to_numpy`, `lm_cross_entropy_loss`, `lm_accuracy`,
-`remove_batch_dim` and `test_prompt`.
+`remove_batch_dim`, `test_prompt`, and the padding helpers `get_attention_mask` and
+`get_offset_position_ids`.
 """
 
 import re
@@ -17,7 +18,16 @@ from torch import Tensor
 from . import names
 from .checks import ArgumentTypeError, describe
 
-__all__ = ["get_act_name", "lm_accuracy", "lm_cross_entropy_loss", "remove_batch_dim", "test_prompt", "to_numpy"]
+__all__ = [
+    "get_act_name",
+    "get_attention_mask",
+    "get_offset_position_ids",
+    "lm_accuracy",
+    "lm_cross_entropy_loss",
+    "remove_batch_dim",
+    "test_prompt",
+    "to_numpy",
+]
 
 _NAME_ALIAS = {
     "attn_logits": "attn_scores",
@@ -191,3 +201,48 @@ def _logit_prob(logits: Float[Tensor, "d_vocab"], probs: Float[Tensor, "d_vocab"
 
 
 test_prompt.__test__ = False  # a helper, not a test: keep pytest from collecting it where it is imported
+
+
+def get_attention_mask(
+    tokenizer: Any, tokens: Int[Tensor, "batch pos"], prepend_bos: bool, padding_side: str | None = None
+) -> Int[Tensor, "batch pos"]:
+    """TransformerLens' mask for padded token ids: 1 for real tokens, 0 for the pad tokens at the padded end
+    (``padding_side``, default the tokenizer's). Only the run of pad ids at that end counts as padding; with
+    left padding and ``prepend_bos`` where BOS is the pad token, the BOS just before the text is kept.
+
+    Example:
+        >>> get_attention_mask(model.tokenizer, model.to_tokens(["Hi", "Hello there"]), prepend_bos=True)
+    """
+    mask = torch.ones_like(tokens)
+    if tokenizer is None or tokenizer.pad_token_id is None:
+        return mask
+    side = padding_side or tokenizer.padding_side
+    if side not in ("left", "right"):
+        raise ValueError(f"`padding_side` must be 'left' or 'right', got {side!r}.")
+    real = tokens.ne(tokenizer.pad_token_id).long()
+    if side == "right":
+        mask[real.flip(-1).cumsum(-1).flip(-1) == 0] = 0
+        return mask
+    leading = real.cumsum(-1) == 0
+    mask[leading] = 0
+    if prepend_bos and tokenizer.bos_token_id == tokenizer.pad_token_id:
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        n_leading = leading.sum(-1)
+        keep = n_leading > 0
+        mask[rows[keep], n_leading[keep] - 1] = 1
+    return mask
+
+
+def get_offset_position_ids(
+    past_kv_pos_offset: int, attention_mask: Int[Tensor, "batch pos"]
+) -> Int[Tensor, "batch new_pos"]:
+    """Each token's position counted from its row's first real token (0 there and on the padding before
+    it), from column ``past_kv_pos_offset`` on: TransformerLens' positions for left-padded rows.
+
+    Example:
+        >>> get_offset_position_ids(0, torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]))
+        tensor([[0, 0, 0, 1],
+                [0, 1, 2, 3]])
+    """
+    positions = attention_mask.long().cumsum(1) - 1
+    return positions.clamp_min(0)[:, past_kv_pos_offset:]

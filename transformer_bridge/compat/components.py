@@ -16,8 +16,11 @@ from torch import Tensor, nn
 from .. import cache_tl
 from ..core import BridgeCore
 from ..hook_points import HookPoint
+from ..names import tl4_spelling
 from ..sites import get_module
 from . import weights
+from .circuits import Circuits
+from .running import RunCompat
 
 Weight = Callable[[BridgeCore, int], Any]
 
@@ -49,7 +52,7 @@ class ComponentView:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        point = self._core.hook_dict.get(self._prefix + name)
+        point = self._core.hook_dict.get(tl4_spelling(self._prefix + name))
         if point is not None:
             return point
         if name in self._children:
@@ -65,6 +68,12 @@ class ComponentView:
             f"{self.hook_names()}, components {list(self._children)} and weights "
             f"{[*self._weights, *self._model_weights]}."
         )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the HF module itself (``model.blocks[0].mlp(x)`` is the HF MLP's output)."""
+        if self.module is None:
+            raise TypeError(f"{self._prefix.rstrip('.') or 'model'} has no single HF module to call.")
+        return self.module(*args, **kwargs)
 
     def hook_names(self) -> list[str]:
         """The hook points directly on this component (relative names)."""
@@ -150,8 +159,9 @@ def build_components(core: BridgeCore) -> tuple[Blocks, dict[str, ComponentView]
     return Blocks(views), {k: v for k, v in model_level.items() if v is not None}
 
 
-class Components:
-    """Mixin for the public class: the component tree and root-level hook points as attributes."""
+class Components(RunCompat, Circuits):
+    """Mixin for the public class: the component tree and root-level hook points as attributes, with
+    TransformerLens' ``run_with_cache`` keywords (`RunCompat`) and weight circuits (`Circuits`)."""
 
     @property
     def blocks(self) -> Blocks:

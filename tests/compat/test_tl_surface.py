@@ -1,0 +1,168 @@
+"""TransformerLens surface measured missing by its own test suite (benchmarks/results/tl_suite.md), each
+checked against an independent computation: run_with_cache's forward keywords, QK / OV circuits and
+composition scores from the raw per-head weights, get_params, the padding helpers of utils, TransformerLens
+4's component-I/O spellings of hook points, and components called as their HF modules.
+"""
+
+import pytest
+import torch
+from conftest import make_bridge, perturb_
+
+from transformer_bridge import utils
+from transformer_bridge.compat.factored import FactoredMatrix
+
+FAMILIES = ["gpt2", "llama", "gpt_neox", "qwen2"]
+TOKENS = torch.tensor([[1, 5, 17, 42, 98, 3, 60], [1, 9, 9, 33, 71, 12, 4]])
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    return perturb_(make_bridge(request.param))
+
+
+# -- run_with_cache keywords -------------------------------------------------------------------------
+def test_run_with_cache_return_types_match_forward(model):
+    logits = model(TOKENS)
+    loss, cache = model.run_with_cache(TOKENS, return_type="loss")
+    assert torch.equal(loss, model(TOKENS, return_type="loss"))
+    per_token, _ = model.run_with_cache(TOKENS, return_type="loss", loss_per_token=True)
+    assert per_token.shape == (2, TOKENS.shape[1] - 1)
+    manual = -logits[:, :-1].log_softmax(-1).gather(-1, TOKENS[:, 1:, None])[..., 0]
+    torch.testing.assert_close(per_token, manual)
+    (both_logits, both_loss), _ = model.run_with_cache(TOKENS, return_type="both")
+    assert torch.equal(both_logits, logits) and torch.equal(both_loss, loss)
+    none, cache2 = model.run_with_cache(TOKENS, return_type=None, names_filter="resid_post")
+    assert none is None and torch.equal(cache2["resid_post", 1], cache["resid_post", 1])
+
+
+def test_run_with_cache_plain_dict_and_contexts(model):
+    _, cache = model.run_with_cache(TOKENS, names_filter="pattern")
+    _, plain = model.run_with_cache(TOKENS, names_filter="pattern", return_cache_object=False)
+    assert type(plain) is dict and set(plain) == set(cache.keys())
+    assert all(torch.equal(plain[k], cache[k]) for k in plain)
+    point = model.hook_dict["blocks.0.attn.hook_pattern"]
+    point.ctx["seen"] = 1
+    model.run_with_cache(TOKENS, names_filter="pattern")
+    assert point.ctx["seen"] == 1
+    model.run_with_cache(TOKENS, names_filter="pattern", clear_contexts=True)
+    assert "seen" not in point.ctx
+
+
+def test_run_with_cache_keyword_errors(model):
+    with pytest.raises(ValueError, match="return_type"):
+        model.run_with_cache(TOKENS, return_type="logit")
+    with torch.no_grad(), pytest.raises(ValueError, match="gradient tracking is off"):
+        model.run_with_cache(TOKENS, incl_bwd=True)
+    with pytest.raises(ValueError, match="reset_hooks_end"):
+        model.run_with_cache(TOKENS, reset_hooks_end=False)
+
+
+def test_original_model_is_the_hf_model(model):
+    assert model.original_model is model.hf_model
+
+
+# -- circuits ------------------------------------------------------------------------------------------
+def test_qk_ov_are_the_per_head_products(model):
+    n, h = model.cfg.n_layers, model.cfg.n_heads
+    qk, ov = model.QK, model.OV
+    assert qk.shape == ov.shape == (n, h, model.cfg.d_model, model.cfg.d_model)
+    for layer in range(n):
+        attn = model.blocks[layer].attn  # per-layer views of the HF weights (GQA: kv heads repeated)
+        wq, wk, wv, wo = attn.W_Q, attn.W_K, attn.W_V, attn.W_O
+        for head in range(h):
+            torch.testing.assert_close(qk.AB[layer, head], wq[head] @ wk[head].T)
+            torch.testing.assert_close(ov.AB[layer, head], wv[head] @ wo[head])
+            torch.testing.assert_close(qk[layer, head].AB, wq[head] @ wk[head].T)
+
+
+def test_factored_matrix_algebra():
+    torch.manual_seed(0)
+    a, b = torch.randn(3, 10, 4), torch.randn(3, 4, 7)
+    m, full = FactoredMatrix(a, b), a @ b
+    torch.testing.assert_close(m.AB, full)
+    torch.testing.assert_close(m.T.AB, full.transpose(-2, -1))
+    torch.testing.assert_close(m.norm(), torch.linalg.matrix_norm(full), rtol=1e-4, atol=1e-5)
+    u, s, vh = m.svd()
+    torch.testing.assert_close(u @ torch.diag_embed(s) @ vh, full, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(s, torch.linalg.svdvals(full)[..., :4], rtol=1e-4, atol=1e-5)
+    other = FactoredMatrix(torch.randn(3, 7, 2), torch.randn(3, 2, 5))
+    torch.testing.assert_close((m @ other).AB, full @ other.AB, rtol=1e-4, atol=1e-4)
+    x = torch.randn(7, 6)
+    torch.testing.assert_close((m @ x).AB, full @ x, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close((x.T @ m.T).AB, x.T @ full.transpose(-2, -1), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="mdim"):
+        FactoredMatrix(torch.randn(3, 4), torch.randn(5, 6))
+
+
+@pytest.mark.parametrize("mode", ["Q", "K", "V"])
+def test_composition_scores_from_full_matrices(model, mode):
+    scores = model.all_composition_scores(mode)
+    n, h = model.cfg.n_layers, model.cfg.n_heads
+    assert scores.shape == (n, h, n, h) and scores.head_labels == model.all_head_labels
+    assert model.all_head_labels[: h + 1] == [f"L0H{i}" for i in range(h)] + ["L1H0"]
+    ov, qk = model.OV.AB, model.QK.AB
+    right = {"Q": qk, "K": qk.transpose(-2, -1), "V": ov}[mode]
+    for l1 in range(n):
+        for l2 in range(n):
+            for h1, h2 in ((0, 1), (h - 1, 0)):
+                left, r = ov[l1, h1], right[l2, h2]
+                expected = (left @ r).norm() / left.norm() / r.norm() if l1 < l2 else torch.tensor(0.0)
+                torch.testing.assert_close(scores[l1, h1, l2, h2], expected, rtol=1e-4, atol=1e-6)
+    assert torch.equal(scores.scores, scores.as_subclass(torch.Tensor))
+    with pytest.raises(ValueError, match="mode"):
+        model.all_composition_scores("X")
+
+
+def test_get_params_names_and_values(model):
+    params = model.get_params()
+    assert torch.equal(params["embed.W_E"], model.W_E)
+    assert torch.equal(params["unembed.W_U"], model.W_U) and torch.equal(params["unembed.b_U"], model.b_U)
+    for layer in range(model.cfg.n_layers):
+        for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_O"):
+            assert torch.equal(params[f"blocks.{layer}.attn.{name}"], getattr(model.blocks[layer].attn, name))
+        for name in ("W_in", "W_out", "b_out"):
+            assert torch.equal(params[f"blocks.{layer}.mlp.{name}"], getattr(model.blocks[layer].mlp, name))
+    assert ("pos_embed.W_pos" in params) == (model.cfg.positional_embedding_type == "standard")
+
+
+# -- utils padding helpers -------------------------------------------------------------------------------
+def test_get_attention_mask_matches_the_tokenizer_mask():
+    model = make_bridge("llama")
+    tok = model.tokenizer
+    for side in ("left", "right"):
+        enc = tok(["ab", "abcdef"], padding=True, return_tensors="pt", padding_side=side)
+        got = utils.get_attention_mask(tok, enc.input_ids, prepend_bos=True, padding_side=side)
+        assert torch.equal(got, enc.attention_mask)
+    assert torch.equal(utils.get_attention_mask(None, TOKENS, True), torch.ones_like(TOKENS))
+
+
+def test_get_offset_position_ids():
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    assert utils.get_offset_position_ids(0, mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+    assert utils.get_offset_position_ids(3, mask).tolist() == [[1, 2], [3, 4]]
+
+
+# -- TransformerLens 4 spellings and components ---------------------------------------------------------
+def test_tl4_spellings_name_the_same_points(model):
+    _, cache = model.run_with_cache(TOKENS)
+    pairs = {
+        "blocks.1.hook_in": "blocks.1.hook_resid_pre",
+        "blocks.1.hook_out": "blocks.1.hook_resid_post",
+        "blocks.0.attn.q.hook_out": "blocks.0.attn.hook_q",
+        "blocks.0.attn.o.hook_in": "blocks.0.attn.hook_z",
+        "blocks.0.mlp.hook_out": "blocks.0.hook_mlp_out",
+        "embed.hook_out": "hook_embed",
+    }
+    for tl4, canonical in pairs.items():
+        assert cache[tl4] is cache[canonical]
+    assert model.blocks[0].mlp.hook_out is model.hook_dict["blocks.0.hook_mlp_out"]
+    assert model.blocks[1].ln1.hook_in is model.hook_dict["blocks.1.hook_resid_pre"]
+    seen = []
+    model.run_with_hooks(TOKENS, fwd_hooks=[("embed.hook_out", lambda x, hook: seen.append(hook.name))])
+    assert seen == ["hook_embed"]
+
+
+def test_components_call_their_hf_module(model):
+    x = torch.randn(2, 3, model.cfg.d_model)
+    mlp = model.blocks[0].mlp
+    assert torch.equal(mlp(x), mlp.module(x))
