@@ -96,7 +96,7 @@ def generate(
             step += 1
             if p.stopping.out_of_time():
                 _finish_all(engine.rows, "max_time")
-            elif step >= max_steps:
+            elif step > max_steps:
                 _finish_all(engine.rows, "max_steps")
             engine.retire()
     return _output(everyone, tokens.shape[1], p, tokens.device)
