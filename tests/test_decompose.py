@@ -61,11 +61,23 @@ def test_components_sum_to_the_residual_stream(run, heads, neurons):
             torch.testing.assert_close(torch.stack(parts).sum(0), _resid_read_by(model, cache, layer, mlp_input), **TOL)
             if heads and layer == n:
                 assert sum(c.kind == "head" for c in comps) == n * model.cfg.n_heads
+    # Mixtures of experts split by expert (+ the rest: a shared expert); a no-op on dense families.
+    parts, comps = components(model, acts, n, heads=heads, neurons=neurons, experts=True)
+    torch.testing.assert_close(torch.stack(parts).sum(0), cache["resid_post", -1], **TOL)
+    moe = [i for i in range(n) if f"blocks.{i}.mlp.hook_expert_result" in cache]
+    assert {c.layer for c in comps if c.kind == "expert"} == set(moe)
     # The same parts at chosen (row, position) pairs, as `dla` reads them.
     rows, cols = torch.tensor([1, 0, 1]), torch.tensor([6, 3, 2])
     picked = Activations(lambda name: cache[name][rows, cols], cache.__contains__)
     parts, _ = components(model, picked, n, heads=True)
     torch.testing.assert_close(torch.stack(parts).sum(0), cache["resid_post", -1][rows, cols], **TOL)
+
+
+def _mlp(dla: dict[str, float], layer: int) -> float:
+    """``dla``'s MLP of ``layer``: one component, or a mixture split by expert (the cache holds everything)."""
+    if f"L{layer}.mlp" in dla:
+        return dla[f"L{layer}.mlp"]
+    return sum(v for k, v in dla.items() if k.startswith(f"L{layer}E") or k == f"L{layer}.mlp_rest")
 
 
 def test_dla_equals_the_cache_logit_attributions(run):
@@ -89,14 +101,14 @@ def test_dla_equals_the_cache_logit_attributions(run):
             if label == "bias":  # one row in TransformerLens' layout, one per layer in dla's
                 want = sum(v for k, v in dla.items() if k.endswith(".attn_bias"))
             elif label.endswith("_mlp_out"):
-                want = dla[f"L{label.split('_')[0]}.mlp"]
+                want = _mlp(dla, int(label.split("_")[0]))
             else:
                 want = dla[label]
             assert value == pytest.approx(want, abs=1e-5), label
         for layer in range(n):
             heads = sum(v for k, v in dla.items() if k.startswith(f"L{layer}H") or k == f"L{layer}.attn_bias")
             assert by_block[f"{layer}_attn_out"] == pytest.approx(heads, abs=1e-5)
-            assert by_block[f"{layer}_mlp_out"] == pytest.approx(dla[f"L{layer}.mlp"], abs=1e-5)
+            assert by_block[f"{layer}_mlp_out"] == pytest.approx(_mlp(dla, layer), abs=1e-5)
 
 
 @pytest.mark.parametrize(("family", "config"), WITH_BIASES)

@@ -29,7 +29,9 @@ from torch import Tensor, nn
 from .sites import get_module
 
 Sublayer = Literal["attn", "mlp"]
-Kind = Literal["embed", "pos_embed", "head", "attn_out", "attn_bias", "neuron", "mlp_out", "mlp_bias"]
+Kind = Literal[
+    "embed", "pos_embed", "head", "attn_out", "attn_bias", "neuron", "mlp_out", "mlp_bias", "expert", "mlp_rest"
+]
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,11 @@ def neuron_outputs(model: Any, acts: Activations, layer: int) -> Float[Tensor, "
     return to_resid(model, acts, layer, "mlp", parts, per_part=True)
 
 
+def expert_result_name(layer: int) -> str:
+    """The hook point holding each expert's weighted output in a mixture-of-experts block."""
+    return f"blocks.{layer}.mlp.hook_expert_result"
+
+
 def components(
     model: Any,
     acts: Activations,
@@ -190,6 +197,7 @@ def components(
     neurons: bool = False,
     embeds: bool = True,
     kinds: tuple[Sublayer, ...] = ("attn", "mlp"),
+    experts: bool = False,
 ) -> tuple[list[Float[Tensor, "... d_model"]], list[Component]]:
     """The parts of the residual stream that ``layer`` reads (its MLP's input if ``mlp_input``), in stream order.
 
@@ -197,50 +205,56 @@ def components(
     attention, which its MLP reads (the caller decides whether it does; parallel blocks read none).
     ``heads``: each head and the attention bias separately, else ``hook_attn_out`` whole; ``neurons``: each
     neuron and the MLP bias separately (a mixture-of-experts block stays ``hook_mlp_out`` whole), else
-    ``hook_mlp_out`` whole. ``kinds`` limits the blocks' parts to
+    ``hook_mlp_out`` whole. ``experts``: a mixture-of-experts block as each expert's weighted output
+    (``mlp.hook_expert_result``, zero where a token is not routed to the expert) plus the rest of
+    ``hook_mlp_out`` (a shared expert, the post-norm's bias). ``kinds`` limits the blocks' parts to
     attention or MLP outputs. The parts sum to the residual when everything is included.
 
     Example:
         >>> parts, comps = components(model, acts, model.cfg.n_layers, heads=True)
         >>> torch.stack(parts).sum(0)   # == the final residual stream
     """
-    parts: list[Tensor] = []
-    comps: list[Component] = []
-
-    def add(x: Tensor, comp: Component) -> None:
-        parts.append(x)
-        comps.append(comp)
-
+    found: list[tuple[Tensor, Component]] = []
     if embeds:
         resid0 = acts.get("blocks.0.hook_resid_pre")
         if "hook_pos_embed" in model.hook_dict:
             pos = acts.get("hook_pos_embed").expand_as(resid0)
-            add(resid0 - pos, Component("embed"))  # the embedding as it enters the stream (scaled, projected)
-            add(pos, Component("pos_embed"))
+            found += [(resid0 - pos, Component("embed")), (pos, Component("pos_embed"))]  # as the stream gets it
         else:
-            add(resid0, Component("embed"))
+            found.append((resid0, Component("embed")))
     for i in range(layer + mlp_input):
         if "attn" in kinds:
-            if heads:
-                per_head = head_outputs(model, acts, i)
-                for h, x in enumerate(per_head.unbind(-2)):
-                    add(x, Component("head", i, h))
-                bias = _bias_in_resid(model, acts, i, "attn", per_head[..., 0, :])
-                if bias is not None:
-                    add(bias, Component("attn_bias", i))
-            else:
-                add(acts.get(f"blocks.{i}.hook_attn_out"), Component("attn_out", i))
+            found += _attn_parts(model, acts, i, heads)
         if "mlp" in kinds and i < layer:
-            if neurons and not has_experts(model, i):  # a mixture of experts has no single W_out: kept whole
-                per_neuron = neuron_outputs(model, acts, i)
-                for n, x in enumerate(per_neuron.unbind(-2)):
-                    add(x, Component("neuron", i, n))
-                bias = _bias_in_resid(model, acts, i, "mlp", per_neuron[..., 0, :])
-                if bias is not None:
-                    add(bias, Component("mlp_bias", i))
-            else:
-                add(acts.get(f"blocks.{i}.hook_mlp_out"), Component("mlp_out", i))
-    return parts, comps
+            found += _mlp_parts(model, acts, i, neurons, experts)
+    return [x for x, _ in found], [c for _, c in found]
+
+
+Parts = list[tuple[Tensor, Component]]
+
+
+def _attn_parts(model: Any, acts: Activations, layer: int, heads: bool) -> Parts:
+    if not heads:
+        return [(acts.get(f"blocks.{layer}.hook_attn_out"), Component("attn_out", layer))]
+    per_head = head_outputs(model, acts, layer)
+    found = [(x, Component("head", layer, h)) for h, x in enumerate(per_head.unbind(-2))]
+    bias = _bias_in_resid(model, acts, layer, "attn", per_head[..., 0, :])
+    return found if bias is None else [*found, (bias, Component("attn_bias", layer))]
+
+
+def _mlp_parts(model: Any, acts: Activations, layer: int, neurons: bool, experts: bool) -> Parts:
+    moe = has_experts(model, layer)
+    if experts and moe:
+        out = acts.get(f"blocks.{layer}.hook_mlp_out")
+        per_expert = to_resid(model, acts, layer, "mlp", acts.get(expert_result_name(layer)), per_part=True)
+        found = [(x, Component("expert", layer, e)) for e, x in enumerate(per_expert.unbind(-2))]
+        return [*found, (out - per_expert.sum(-2).to(out.dtype), Component("mlp_rest", layer))]
+    if neurons and not moe:  # a mixture of experts has no single W_out: it stays whole
+        per_neuron = neuron_outputs(model, acts, layer)
+        found = [(x, Component("neuron", layer, n)) for n, x in enumerate(per_neuron.unbind(-2))]
+        bias = _bias_in_resid(model, acts, layer, "mlp", per_neuron[..., 0, :])
+        return found if bias is None else [*found, (bias, Component("mlp_bias", layer))]
+    return [(acts.get(f"blocks.{layer}.hook_mlp_out"), Component("mlp_out", layer))]
 
 
 # -- the logit read-out -----------------------------------------------------------------------

@@ -4,7 +4,7 @@ import pytest
 import torch
 from _models import FAMILIES, make_bridge, random_tokens, tiny_run
 
-from transformer_bridge.relevance import relevance_hooks
+from transformer_bridge.relevance import RelevanceRun, relevance_hooks
 from transformer_bridge.sites import get_module
 
 
@@ -37,7 +37,8 @@ def test_dla_components_sum_to_the_logit(model, target):
     n = model.cfg.n_layers
     has_bias = any(lbl.startswith("bias:") for lbl in rel.labels)
     assert rel.kind == "components" and rel.scores.shape[1] == len(rel.labels)
-    assert rel.labels[0] == "embed" and "L1H3" in rel.labels and f"L{n - 1}.mlp" in rel.labels
+    last_mlp = f"L{n - 1}.mlp_rest" if f"L{n - 1}E0" in rel.labels else f"L{n - 1}.mlp"  # a mixture: by expert
+    assert rel.labels[0] == "embed" and "L1H3" in rel.labels and last_mlp in rel.labels
     final_norm_bias = getattr(get_module(model.hf_model, model.adapter.ln_final), "bias", None)  # none in OLMo
     assert has_bias == (final_norm_bias is not None or model.b_U_raw is not None)
     for i, step in enumerate(rel):
@@ -103,3 +104,34 @@ def test_relevance_hooks_name_what_cache_methods_read():
 
     rel = RelevanceRun(model, tokens, None, 5, cache=cache).relevance_pass(method="dla")
     assert len(rel) == 2
+
+
+MOE = [f for f in FAMILIES if f in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "llama4_text")]
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_dla_splits_mixtures_by_expert_when_the_cache_has_them(family):
+    model = make_bridge(family)
+    tokens = random_tokens(1, 8)
+    rel = tiny_run(model, tokens, prompt_width=5).relevance_pass(method="dla")  # everything cached
+    _, cache = model.run_with_cache(tokens)
+    logits = _logits(model, tokens)
+    moe_layers = [i for i in range(model.cfg.n_layers) if f"blocks.{i}.mlp.hook_expert_result" in cache]
+    assert moe_layers
+    for i, step in enumerate(rel):
+        scores = dict(zip(rel.labels, rel.scores[i].tolist(), strict=True))
+        assert rel.scores[i].sum().item() == pytest.approx(logits[0, step.position - 1, step.token_id].item(), abs=1e-4)
+        for layer in moe_layers:
+            weights = cache[f"blocks.{layer}.mlp.hook_expert_weights"][0, step.position - 1]
+            experts = [scores[f"L{layer}E{e}"] for e in range(weights.shape[-1])]
+            assert f"L{layer}.mlp" not in scores and f"L{layer}.mlp_rest" in scores
+            assert all(v == 0.0 for v, w in zip(experts, weights.tolist(), strict=True) if w == 0.0)  # not routed
+            assert sum(v != 0.0 for v in experts) > 0
+    whole = RelevanceRun(model, tokens, None, 5, cache=model.run_with_cache(tokens, names_filter=relevance_hooks(
+        model, "dla"))[1]).relevance_pass(method="dla")  # fmt: skip
+    for i in range(len(rel)):
+        by_label = dict(zip(whole.labels, whole.scores[i].tolist(), strict=True))
+        for layer in moe_layers:
+            split = sum(v for k, v in zip(rel.labels, rel.scores[i].tolist(), strict=True)
+                        if k.startswith(f"L{layer}E") or k == f"L{layer}.mlp_rest")  # fmt: skip
+            assert split == pytest.approx(by_label[f"L{layer}.mlp"], abs=1e-5)
