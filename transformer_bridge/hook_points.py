@@ -223,6 +223,8 @@ class HookPoint:
             out = entry.fn(shown, self)
             if out is None or out is shown:
                 changed = not torch.equal(before, shown) if inference else shown._version != before
+                # A copy the hook asked to keep the gradient of (``x.retain_grad()``) must be on the path.
+                changed = changed or (shown is not tensor and shown.retains_grad)
                 if changed:  # a new object tells the site to write the edit back
                     tensor = shown if shown is not tensor else shown.view_as(shown)
                 continue

@@ -123,6 +123,14 @@ def test_get_params_names_and_values(model):
         for name in ("W_in", "W_out", "b_out"):
             assert torch.equal(params[f"blocks.{layer}.mlp.{name}"], getattr(model.blocks[layer].mlp, name))
     assert ("pos_embed.W_pos" in params) == (model.cfg.positional_embedding_type == "standard")
+    assert all(isinstance(v, torch.Tensor) for v in params.values())  # no None for a weight the family lacks
+    n_layers = model.cfg.n_layers
+    try:
+        model.cfg.n_layers = n_layers + 1
+        with pytest.raises(ValueError, match="Configuration mismatch"):
+            model.get_params()
+    finally:
+        model.cfg.n_layers = n_layers
 
 
 # -- utils padding helpers -------------------------------------------------------------------------------
@@ -166,3 +174,34 @@ def test_components_call_their_hf_module(model):
     x = torch.randn(2, 3, model.cfg.d_model)
     mlp = model.blocks[0].mlp
     assert torch.equal(mlp(x), mlp.module(x))
+
+
+def test_retain_grad_in_a_hook_gets_the_true_gradient(model):
+    """TransformerLens' idiom: keep an activation from a hook, ``retain_grad()``, backpropagate, read
+    ``.grad``. Oracle: the activation made a leaf by a replacing hook, differentiated by autograd."""
+    names = ["blocks.0.attn.hook_pattern", "blocks.1.hook_resid_post", "blocks.0.ln1.hook_scale"]
+    kept = {}
+
+    def keep(x, hook):
+        x.retain_grad()
+        kept[hook.name] = x
+
+    with model.hooks(fwd_hooks=[(n, keep) for n in names]):
+        loss = model(TOKENS, return_type="loss")
+    loss.backward()
+    model.hf_model.zero_grad(set_to_none=True)
+    for name in names:
+        leaf = {}
+
+        def as_leaf(x, hook, leaf=leaf):
+            leaf["x"] = x.detach().clone().requires_grad_(True)
+            return leaf["x"]
+
+        with model.hooks(fwd_hooks=[(name, as_leaf)]):
+            reference_loss = model(TOKENS, return_type="loss")
+        torch.testing.assert_close(reference_loss, loss)
+        (grad,) = torch.autograd.grad(reference_loss, leaf["x"])
+        assert kept[name].grad is not None, name
+        torch.testing.assert_close(kept[name].grad, grad, atol=1e-7, rtol=1e-5)
+    model.hf_model.zero_grad(set_to_none=True)
+    assert torch.equal(model(TOKENS), model.hf_model(TOKENS).logits)

@@ -16,6 +16,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..core import BridgeCore
+from ..sites import get_module
 from . import weights
 from .factored import FactoredMatrix
 
@@ -50,6 +51,11 @@ def composition_scores(left: FactoredMatrix, right: FactoredMatrix) -> Float[Ten
 def get_params(core: BridgeCore) -> dict[str, Tensor]:
     """HookedTransformer's parameter names → the bridge's weights (``embed.W_E``, ``blocks.0.attn.W_Q`` …,
     ``unembed.W_U``). Shapes are TransformerLens'; the unembedding is the folded one (see `compat.weights`)."""
+    n_blocks = len(get_module(core.hf_model, core.adapter.blocks))
+    if core.cfg.n_layers != n_blocks:
+        raise ValueError(
+            f"Configuration mismatch: cfg.n_layers is {core.cfg.n_layers} but {n_blocks} blocks found in the model."
+        )
     out: dict[str, Tensor] = {"embed.W_E": weights.W_E(core)}
     if core.adapter.pos_embed:
         out["pos_embed.W_pos"] = weights.W_pos(core)
@@ -60,9 +66,11 @@ def get_params(core: BridgeCore) -> dict[str, Tensor]:
                 if name not in table:
                     continue
                 try:
-                    out[f"blocks.{layer}.{group}.{name}"] = table[name](core, layer)
+                    value = table[name](core, layer)
                 except weights.WeightNotAvailableError:
                     continue
+                if value is not None:  # W_gate of an ungated MLP
+                    out[f"blocks.{layer}.{group}.{name}"] = value
     out["unembed.W_U"] = weights.W_U(core)
     out["unembed.b_U"] = weights.b_U(core)
     return out
