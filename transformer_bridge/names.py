@@ -31,6 +31,7 @@ _SHORT = {
     "pre": "mlp", "pre_linear": "mlp", "post": "mlp",
     "router_logits": "mlp", "expert_weights": "mlp", "expert_pre": "mlp", "expert_post": "mlp",
     "expert_result": "mlp",
+    "mixer_out": "block",
     "scale": "norm", "normalized": "norm",
 }  # fmt: skip
 _RENAME = {"scores": "attn_scores", "attn": "pattern"}
