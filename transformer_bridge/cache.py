@@ -35,7 +35,8 @@ def check_pos_slice(pos_slice: Any, n_pos: int, param: str = "pos_slice") -> int
     """Validate a position selection over ``n_pos`` positions; returns it normalised.
 
     An int selects one position (negative counts from the end) and keeps the axis; a slice needs a
-    positive step and must select something; a list / 1-d integer tensor selects those positions.
+    positive step and must select something (a tuple is ``slice(*tuple)``, as TransformerLens reads it); a
+    list / 1-d integer tensor selects those positions.
 
     Example:
         >>> check_pos_slice(-1, 5)
@@ -50,6 +51,10 @@ def check_pos_slice(pos_slice: Any, n_pos: int, param: str = "pos_slice") -> int
         if not -n_pos <= index < n_pos:
             raise IndexError(f"`{param}`={index} is out of range for {n_pos} positions; use -{n_pos}..{n_pos - 1}.")
         return index % n_pos
+    if isinstance(pos_slice, tuple):  # TransformerLens' Slice: a tuple is slice(*tuple), a list is positions
+        if not 1 <= len(pos_slice) <= 3:
+            raise ValueError(f"`{param}`={pos_slice!r}: a tuple is slice(*tuple), (stop,) to (start, stop, step).")
+        pos_slice = slice(*pos_slice)
     if isinstance(pos_slice, slice):
         for part in ("start", "stop", "step"):
             value = getattr(pos_slice, part)
@@ -67,7 +72,7 @@ def check_pos_slice(pos_slice: Any, n_pos: int, param: str = "pos_slice") -> int
                 f"{tuple(pos_slice.shape)}."
             )
         pos_slice = pos_slice.tolist()
-    if isinstance(pos_slice, (list, tuple, range)):
+    if isinstance(pos_slice, (list, range)):
         items = list(pos_slice)
         if not items:
             raise ValueError(f"`{param}` is an empty list; give at least one position.")

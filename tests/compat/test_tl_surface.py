@@ -205,3 +205,27 @@ def test_retain_grad_in_a_hook_gets_the_true_gradient(model):
         torch.testing.assert_close(kept[name].grad, grad, atol=1e-7, rtol=1e-5)
     model.hf_model.zero_grad(set_to_none=True)
     assert torch.equal(model(TOKENS), model.hf_model(TOKENS).logits)
+
+
+def test_run_with_cache_resumes_from_a_layer(model):
+    """Resuming from the cached residual entering block K gives the full run's logits and, for block K
+    on, its cache, bitwise; nothing before K (embeddings included) is cached."""
+    logits, full = model.run_with_cache(TOKENS)
+    resumed, cache = model.run_with_cache(full["resid_pre", 1], start_at_layer=1)
+    assert torch.equal(resumed, logits)
+    assert cache.keys() and all(torch.equal(cache[k], full[k]) for k in cache)
+    assert {k for k in full if k.startswith("blocks.1.") or k.startswith("ln_final")} == set(cache.keys())
+    loss, _ = model.run_with_cache(full["resid_pre", 1], start_at_layer=1, tokens=TOKENS, return_type="loss")
+    assert torch.equal(loss, model(TOKENS, return_type="loss"))
+    resid, part = model.run_with_cache(full["resid_pre", 0], start_at_layer=0, stop_at_layer=1)
+    assert torch.equal(resid, full["resid_post", 0]) and not any(k.startswith("blocks.1.") for k in part)
+
+
+def test_tuple_pos_slice_is_a_slice(model):
+    """TransformerLens reads a tuple as ``slice(*tuple)`` and a list as positions."""
+    _, full = model.run_with_cache(TOKENS, names_filter=["resid_post", "pattern"])
+    _, by_tuple = model.run_with_cache(TOKENS, names_filter=["resid_post", "pattern"], pos_slice=(1, 4))
+    _, by_list = model.run_with_cache(TOKENS, names_filter=["resid_post", "pattern"], pos_slice=[1, 4])
+    assert torch.equal(by_tuple["resid_post", 0], full["resid_post", 0][:, 1:4])
+    assert torch.equal(by_tuple["pattern", 0], full["pattern", 0][:, :, 1:4])
+    assert torch.equal(by_list["resid_post", 0], full["resid_post", 0][:, [1, 4]])

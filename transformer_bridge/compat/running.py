@@ -13,8 +13,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from ..caching import next_token_loss, next_token_losses
-from ..checks import check_bool
+from ..cache import ActivationCache, check_pos_slice
+from ..caching import CacheWriter, next_token_loss, next_token_losses
+from ..checks import check_bool, check_device
 from ..core import BridgeCore
 
 ReturnType = Literal["logits", "loss", "both"] | None
@@ -49,7 +50,9 @@ class RunCompat:
         ``loss_per_token=True``: ``[batch, pos - 1]``), ``"both"`` (``(logits, loss)``) or ``None``.
         ``return_cache_object=False`` returns the cache as a plain ``{name: tensor}`` dict.
         ``clear_contexts=True`` empties the ``hook.ctx`` of every point cached, afterwards. With
-        ``stop_at_layer`` the output is the residual stream whatever ``return_type`` says. The other
+        ``stop_at_layer`` the output is the residual stream whatever ``return_type`` says. With
+        ``start_at_layer=K``, ``input`` is the residual stream entering block ``K`` (``tokens=`` /
+        ``attention_mask=`` as in `forward`) and only block ``K`` onwards is cached. The other
         keywords are `BridgeCore.run_with_cache`'s (``names_filter``, ``incl_bwd``, ``pos_slice`` …).
 
         Example:
@@ -73,6 +76,10 @@ class RunCompat:
                 "for hooks that outlive the call use model.add_hook(name, fn)."
             )
         kwargs.pop("reset_hooks_end", None)
+        start_at_layer = kwargs.pop("start_at_layer", None)
+        if start_at_layer is not None:
+            out, cache = self._cache_from_layer(input, start_at_layer, return_type, loss_per_token, **kwargs)
+            return out, (cache if return_cache_object else dict(cache.cache_dict))
         out, cache = super().run_with_cache(input, *args, **kwargs)  # type: ignore[misc]
         if clear_contexts:
             for name in self.names_matching(kwargs.get("names_filter")):
@@ -80,6 +87,36 @@ class RunCompat:
         if kwargs.get("stop_at_layer") is None:
             out = self._shape_output(out, input, return_type, loss_per_token, kwargs)
         return out, (cache if return_cache_object else dict(cache.cache_dict))
+
+    def _cache_from_layer(
+        self,
+        residual: Tensor,
+        start_at_layer: int,
+        return_type: ReturnType,
+        loss_per_token: bool,
+        names_filter: Any = None,
+        device: Any = None,
+        pos_slice: Any = None,
+        tokens: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        stop_at_layer: int | None = None,
+        **rest: Any,
+    ) -> tuple[Any, ActivationCache]:
+        """``run_with_cache(residual, start_at_layer=K)``: `forward`'s resumed run with caching hooks; the
+        blocks before ``K`` (run on a placeholder) and the embeddings fire no hook, so they are not cached."""
+        if rest:
+            raise TypeError(f"run_with_cache(start_at_layer=...) does not take {sorted(rest)}.")
+        device = check_device(device)
+        if pos_slice is not None:
+            pos_slice = check_pos_slice(pos_slice, residual.shape[1])
+        store = CacheWriter(device, pos_slice)
+        caching = [(n, store.hook) for n in self.names_matching(names_filter)]
+        resume = dict(start_at_layer=start_at_layer, stop_at_layer=stop_at_layer, tokens=tokens)
+        with torch.no_grad(), self.hooks(fwd_hooks=caching, read_only=True):
+            out = self(residual, attention_mask=attention_mask, return_type=return_type,
+                       loss_per_token=loss_per_token, **resume)  # fmt: skip
+        mask = attention_mask if attention_mask is not None else torch.ones(residual.shape[:2], dtype=torch.long)
+        return out, ActivationCache(store.tensors, self, attention_mask=mask.to(device or mask.device))
 
     def _shape_output(
         self, logits: Tensor, input: Any, return_type: ReturnType, loss_per_token: bool, kwargs: dict[str, Any]
