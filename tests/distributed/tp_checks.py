@@ -24,6 +24,9 @@ FAMILIES = {
     ),
 }  # fmt: skip
 
+RELEVANCE_METHODS = ("attnlrp", "cp_lrp", "grad_x_input", "integrated_gradients", "grad_norm", "attention", "dla",
+                     "logit_lens")  # fmt: skip
+
 TOKENS = torch.tensor([[5, 17, 3, 44, 8, 91, 2], [12, 7, 66, 9, 31, 4, 50]])
 # Second row left-padded by two (generate and caches with padding).
 MASK = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1]])
@@ -92,9 +95,15 @@ def run_checks(model) -> dict[str, Tensor]:
     for name in ("blocks.1.attn.hook_pattern", "blocks.1.mlp.hook_pre"):
         out[f"gen_cache/{name}"] = gen_cache[name]
 
-    # One relevance method (gradients through every rank).
-    run = model.forward_pass(TOKENS[:1], max_new_tokens=3, temperature=0, names_filter="hook_embed")
-    out["relevance/grad_x_input"] = run.relevance_pass(method="grad_x_input").scores
+    # Every relevance method: gradients (LRP rules included) back through every rank or device, and
+    # the cache methods over a generation cache.
+    run = model.forward_pass(TOKENS[:1], max_new_tokens=3, temperature=0)
+    for method in RELEVANCE_METHODS:
+        out[f"relevance/{method}"] = run.relevance_pass(method=method).scores
+    corrupted = run.sequences.clone()
+    corrupted[:, 1] = 50
+    patched = run.relevance_pass(method="attribution_patching", corrupted_tokens=corrupted)
+    out["relevance/attribution_patching"] = patched.scores
 
     # Weight properties are whole.
     for name in ("W_Q", "W_K", "W_V", "W_O", "W_in", "W_out", "W_E", "W_U", "b_U"):
