@@ -89,6 +89,8 @@ class Site:
         self.fired = True
         inp = args[0] if args else kwargs.get("hidden_states")
         out = output[0] if isinstance(output, tuple) else output
+        if isinstance(inp, Tensor) and inp.device != out.device:  # a device map: the input came from another device
+            inp = inp.to(out.device)
         new = self._call(out, inp)
         if new is out:
             return None
@@ -421,7 +423,7 @@ def _attn_out_and_mid(site: Site, stash: dict[int, Tensor], layer: int) -> Calla
         mid_point = site.points.get("mid")
         if mid_point is None or not mid_point.active:
             return new
-        resid_pre = stash[layer]
+        resid_pre = stash[layer].to(new.device)  # a device map may run the block elsewhere than its input
         mid = resid_pre + new
         new_mid = run("mid", mid)
         return new if new_mid is mid else new_mid - resid_pre
