@@ -11,8 +11,12 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    FalconConfig,
     Gemma2Config,
     GPT2Config,
+    GPTBigCodeConfig,
+    GPTJConfig,
+    GPTNeoConfig,
     GPTNeoXConfig,
     LlamaConfig,
     MistralConfig,
@@ -66,6 +70,20 @@ CONFIGS = {
     "hunyuan_v1_dense": lambda: _auto("hunyuan_v1_dense", head_dim=8),
     "arcee": lambda: _auto("arcee", head_dim=8),
     "apertus": lambda: _auto("apertus", rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    "phi": lambda: _auto("phi", head_dim=8),
+    "cohere": lambda: _auto("cohere", logit_scale=0.5),
+    # No GQA in GPT-J, GPT-Neo, GPT-BigCode, Falcon: their configs get no kv-head count (BigCode and Falcon
+    # are multi-query: one kv head).
+    "gptj": lambda: GPTJConfig(**_COMMON, n_embd=D, n_inner=M, n_layer=L, n_head=H, rotary_dim=4, n_positions=128),
+    "falcon": lambda: FalconConfig(**_COMMON, hidden_size=D, ffn_hidden_size=M, num_hidden_layers=L,
+                                   num_attention_heads=H, bias=True),
+    "olmo2": lambda: _auto("olmo2"),
+    "olmo3": lambda: _auto("olmo3", sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+    "exaone4": lambda: _auto("exaone4", sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+    "gpt_bigcode": lambda: GPTBigCodeConfig(**_COMMON, n_embd=D, n_inner=M, n_layer=L, n_head=H, n_positions=128),
+    "gpt_neo": lambda: GPTNeoConfig(**_COMMON, hidden_size=D, intermediate_size=M, num_layers=L, num_heads=H,
+                                    attention_types=[[["local", "global"], 1]], window_size=4,
+                                    max_position_embeddings=128),
 }  # fmt: skip
 FAMILIES = list(CONFIGS)
 
@@ -91,6 +109,17 @@ def make_hf(family: str, seed: int = 0) -> torch.nn.Module:
 def make_bridge(family: str, seed: int = 0) -> TransformerBridge:
     """A fresh bridge over a fresh tiny model (the HF model is reachable as ``.hf_model``)."""
     return TransformerBridge(make_hf(family, seed), char_tokenizer())
+
+
+def normalized_input(model: TransformerBridge, cache, layer: int, mlp: bool = False) -> torch.Tensor:
+    """``hook_normalized`` of the norm before ``layer``'s attention (the MLP's with ``mlp``): the other norm's
+    where one feeds both (Phi, GPT-J), the residual stream itself where there is none (OLMo 2)."""
+    for norm in ("ln2", "ln1") if mlp else ("ln1",):
+        if f"blocks.{layer}.{norm}.hook_normalized" in model.hook_dict:
+            if norm == "ln1" and mlp and not model.cfg.parallel_attn_mlp:
+                break
+            return cache[f"blocks.{layer}.{norm}.hook_normalized"]
+    return cache["resid_mid" if mlp else "resid_pre", layer]
 
 
 def perturb_(model: TransformerBridge, scale: float = 0.1, seed: int = 1) -> TransformerBridge:

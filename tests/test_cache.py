@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import V, make_bridge
+from conftest import V, make_bridge, normalized_input
 
 from transformer_bridge import ActivationCache, get_act_name
 from transformer_bridge.sites import get_module
@@ -161,7 +161,7 @@ def test_stack_head_results_and_apply_ln(bridge, full_cache):
     normed = cache.decompose_resid(apply_ln=True)
     torch.testing.assert_close(normed.sum(0), cache["ln_final.hook_normalized"], atol=1e-5, rtol=1e-5)
     normed = cache.decompose_resid(layer=1, apply_ln=True)
-    torch.testing.assert_close(normed.sum(0), cache["blocks.1.ln1.hook_normalized"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(normed.sum(0), normalized_input(bridge, cache, 1), atol=1e-5, rtol=1e-5)
 
 
 def test_logit_attrs_sum_to_logit_minus_bias_terms(bridge, full_cache):

@@ -170,6 +170,10 @@ def apply_ln_to_stack(
     layer = resolve_layer(layer, n)
     mlp_reads_attn(model, layer, mlp_input)
     name = "ln_final.hook_scale" if layer == n else f"blocks.{layer}.{'ln2' if mlp_input else 'ln1'}.hook_scale"
+    if name not in model.hook_dict:  # no such norm: one norm feeds both (Phi, GPT-J) or none (OLMo 2)
+        name = f"blocks.{layer}.ln1.hook_scale"
+        if name not in model.hook_dict:
+            return residual_stack  # the sublayer reads the residual stream as it is
     scale = cache._at_pos(cache._get(name, "apply_ln_to_stack"), pos_slice)
     if cache.has_batch_dim:
         scale = cache._select(scale, batch_slice, 0, "batch_slice")

@@ -72,13 +72,13 @@ def bridge_config(model: PreTrainedModel, adapter: Adapter, tokenizer: Any = Non
     d_head = getattr(c, "head_dim", None) or d_model // n_heads
     down = get_module(get_module(model, adapter.blocks)[0], adapter.mlp_down)
     d_mlp = down.weight.shape[0] if adapter.conv1d else down.weight.shape[1]
-    parallel = bool(adapter.parallel_attn_mlp and getattr(c, adapter.parallel_attn_mlp, False))
+    parallel = adapter.is_parallel(c)
     return BridgeConfig(
         model_type=c.model_type,
         n_layers=c.num_hidden_layers,
         d_model=d_model,
         n_heads=n_heads,
-        n_kv_heads=getattr(c, "num_key_value_heads", None) or n_heads,
+        n_kv_heads=_kv_heads(model, adapter, c, n_heads, d_head),
         d_head=d_head,
         d_mlp=d_mlp,
         d_vocab=model.get_output_embeddings().weight.shape[0],
@@ -95,6 +95,16 @@ def bridge_config(model: PreTrainedModel, adapter: Adapter, tokenizer: Any = Non
         dtype=next(model.parameters()).dtype,
         device=next(model.parameters()).device,
     )
+
+
+def _kv_heads(model: PreTrainedModel, adapter: Adapter, c: Any, n_heads: int, d_head: int) -> int:
+    """Key/value heads; read off a fused ``[q | k | v]`` projection, whose config may not say (Falcon's
+    ``multi_query`` keeps one kv head whatever ``num_kv_heads`` says)."""
+    if adapter.qkv is not None and adapter.qkv_layout == "concat":
+        w = get_module(get_module(model, adapter.blocks)[0], adapter.qkv).weight
+        width = w.shape[1] if adapter.conv1d else w.shape[0]
+        return (width // d_head - n_heads) // 2
+    return getattr(c, "num_key_value_heads", None) or n_heads
 
 
 def _first_id(*values: Any) -> int | None:

@@ -384,7 +384,8 @@ class BridgeCore(nn.Module, HookRegistry):
         bridged = attention.bridge_implementation(users)
         outer_stash = dict(self._stash)  # a forward run from inside a hook must not clear the outer one's
         self._stash.clear()
-        config._attn_implementation = bridged
+        if self.adapter.attn_registry:  # GPT-J, GPT-Neo, Falcon branch on the name and never call the registry
+            config._attn_implementation = bridged
         # Under torch.compile, reading `_live` is also a guard: compiled code is retraced when hooks come or go.
         armed = arm_sites(self._live) if self._live else None
         try:

@@ -7,7 +7,7 @@ perturbed first (HF initialises biases to 0 and norm weights to 1, which would h
 
 import pytest
 import torch
-from conftest import CONFIGS, FAMILIES, V, char_tokenizer, perturb_
+from conftest import CONFIGS, FAMILIES, V, char_tokenizer, normalized_input, perturb_
 from transformers import AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge, utils
@@ -138,7 +138,7 @@ def test_stack_head_results_tl_args(run):
     only, labels = cache.stack_head_results(0, return_labels=True, incl_remainder=True)
     assert labels == ["remainder"] and torch.equal(only[0], cache["resid_pre", 0])
     normed = cache.stack_head_results(1, incl_remainder=True, apply_ln=True)
-    torch.testing.assert_close(normed.sum(0), cache["blocks.1.ln1.hook_normalized"], **TOL)
+    torch.testing.assert_close(normed.sum(0), normalized_input(model, cache, 1), **TOL)
 
 
 def test_accumulated_resid_labels_and_mlp_input(run):
@@ -155,7 +155,7 @@ def test_accumulated_resid_labels_and_mlp_input(run):
     assert labels == ["0_pre", "1_pre"] + ([] if parallel else ["1_mid"])
     assert torch.equal(stack[-1], resid_into(model, cache, 1, mlp_input=True))
     normed = cache.accumulated_resid(1, mlp_input=True, apply_ln=True)
-    torch.testing.assert_close(normed[-1], cache["blocks.1.ln2.hook_normalized"], **TOL)
+    torch.testing.assert_close(normed[-1], normalized_input(model, cache, 1, mlp=True), **TOL)
     with pytest.raises(ValueError, match="`mlp_input=True` needs `layer`"):
         cache.accumulated_resid(mlp_input=True)
     with pytest.raises(IndexError, match="`layer`=3 is out of range"):
@@ -173,13 +173,13 @@ def test_decompose_resid_tl_args(run):
 
 
 def test_apply_ln_to_stack_layers(run):
-    _, cache = run
+    model, cache = run
     parts = cache.decompose_resid()
     final = cache.apply_ln_to_stack(parts, layer=-1)
     assert torch.equal(final, cache.apply_ln_to_stack(parts)) and torch.equal(final, cache.apply_ln_to_stack(parts, 2))
     torch.testing.assert_close(final.sum(0), cache["ln_final.hook_normalized"], **TOL)
     before_last = cache.apply_ln_to_stack(cache.decompose_resid(-2), layer=-2)  # input of block 1
-    torch.testing.assert_close(before_last.sum(0), cache["blocks.1.ln1.hook_normalized"], **TOL)
+    torch.testing.assert_close(before_last.sum(0), normalized_input(model, cache, 1), **TOL)
     rows = cache.apply_ln_to_stack(parts[:, :, -2:], pos_slice=slice(4, 6), batch_slice=[1])
     torch.testing.assert_close(rows, final[:, 1:, -2:])
     one = cache.apply_ln_to_stack(parts[:, 0], has_batch_dim=False, batch_slice=0)

@@ -10,6 +10,7 @@ from conftest import FAMILIES, make_bridge, perturb_
 
 from transformer_bridge.compat import weights
 from transformer_bridge.compat.weights import ATTN_WEIGHTS, MLP_WEIGHTS, WeightNotAvailableError
+from transformer_bridge.decompose import logit_multiplier
 from transformer_bridge.sites import get_module
 
 TOKENS = torch.tensor([[1, 5, 17, 42, 98, 3, 60], [1, 9, 9, 33, 71, 12, 4]])
@@ -48,6 +49,18 @@ def normed_input(model, cache, name: str, module) -> torch.Tensor:
     return cache[name] * gamma_of(model, module) + beta_of(module)
 
 
+def block_input(model, cache, block, layer: int, norm: str) -> torch.Tensor:
+    """What attention (``ln1``) or the MLP (``ln2``) reads: its norm's output; the other norm's where one
+    feeds both (Phi, GPT-J); the residual itself where the block has no pre-norms (OLMo 2)."""
+    if f"blocks.{layer}.{norm}.hook_normalized" not in cache:
+        if norm == "ln2" and model.cfg.parallel_attn_mlp:
+            norm = "ln1"
+        else:
+            return cache["resid_pre" if norm == "ln1" else "resid_mid", layer]
+    module = get_module(block, getattr(model.adapter, norm))
+    return normed_input(model, cache, f"blocks.{layer}.{norm}.hook_normalized", module)
+
+
 def gamma_of(model, module):
     w = getattr(module, "weight", None)  # OLMo's LayerNorm has none
     return 1.0 if w is None else 1.0 + w if model.adapter.norm == "rms_one_plus" else w
@@ -68,7 +81,7 @@ def sandwich(model, module, x: torch.Tensor) -> torch.Tensor:
 
 def check_attention(model, cache, layer: int) -> None:
     block = get_module(model.hf_model, model.adapter.blocks)[layer]
-    x = normed_input(model, cache, f"blocks.{layer}.ln1.hook_normalized", get_module(block, model.adapter.ln1))
+    x = block_input(model, cache, block, layer, "ln1")
     q = torch.einsum("bpm,hmd->bphd", x, model.W_Q[layer]) + model.b_Q[layer]
     torch.testing.assert_close(q, cache["q", layer], **TOL)  # pre-RoPE for rotary families
     groups = model.cfg.n_heads // model.cfg.n_kv_heads
@@ -90,7 +103,7 @@ def check_attention(model, cache, layer: int) -> None:
 
 def check_mlp(model, cache, layer: int) -> None:
     block = get_module(model.hf_model, model.adapter.blocks)[layer]
-    x = normed_input(model, cache, f"blocks.{layer}.ln2.hook_normalized", get_module(block, model.adapter.ln2))
+    x = block_input(model, cache, block, layer, "ln2")
     linear = x @ model.W_in[layer] + model.b_in[layer]
     if model.W_gate is None:
         torch.testing.assert_close(linear, cache[f"blocks.{layer}.mlp.hook_pre"], **TOL)
@@ -167,10 +180,11 @@ def test_logit_lens_with_folded_unembedding_gives_the_logits(run):
     check_logit_lens(model, logits, cache)
     if model.cfg.normalization != "rms_one_plus":  # the fold is γ ⊙ raw and β @ raw (+ raw bias)
         norm = get_module(model.hf_model, model.adapter.ln_final)
-        torch.testing.assert_close(model.W_U, model.ln_final_weight[:, None] * model.W_U_raw)
+        scale = logit_multiplier(model)  # Cohere, Granite
+        torch.testing.assert_close(model.W_U, model.ln_final_weight[:, None] * model.W_U_raw * scale)
         beta = getattr(norm, "bias", None)
         want = (beta @ model.W_U_raw if beta is not None else 0) + (model.b_U_raw if model.b_U_raw is not None else 0)
-        torch.testing.assert_close(model.b_U, torch.zeros_like(model.b_U) + want)
+        torch.testing.assert_close(model.b_U, torch.zeros_like(model.b_U) + want * scale)
 
 
 def _is_view(model, t: torch.Tensor) -> bool:

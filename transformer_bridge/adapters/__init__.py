@@ -3,16 +3,19 @@
 from .base import Adapter
 from .gemma import GEMMA, GEMMA2, GEMMA3
 from .glm import GLM, GLM4
-from .gpt2 import GPT2
+from .gpt2 import GPT2, GPT_BIGCODE, GPT_NEO
 from .gpt_neox import GPT_NEOX
 from .layernorm_rotary import OLMO, STABLELM, STARCODER2
 from .llama import APERTUS, ARCEE, HUNYUAN, LLAMA, QWEN3
 from .opt import OPT
+from .parallel import COHERE, FALCON, GPTJ, PHI
 from .phi3 import PHI3
+from .post_norm import EXAONE4, OLMO2
 
 ADAPTERS: tuple[Adapter, ...] = (
     GPT2, LLAMA, QWEN3, GEMMA2, GPT_NEOX, PHI3, OPT,
     GEMMA, GEMMA3, GLM, GLM4, STABLELM, STARCODER2, OLMO, HUNYUAN, ARCEE, APERTUS,
+    PHI, COHERE, GPTJ, FALCON, OLMO2, EXAONE4, GPT_BIGCODE, GPT_NEO,
 )  # fmt: skip
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for a in ADAPTERS for t in a.model_types)
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 NormKind = Literal["layernorm", "rms", "rms_one_plus"]
 QKVLayout = Literal["separate", "concat", "per_head"]
-QKNormLayout = Literal["pos_head", "head_pos"]
+QKNormLayout = Literal["pos_head", "head_pos", "flat"]
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,9 @@ class Adapter:
     Attributes:
         model_types: ``config.model_type`` values this adapter serves.
         embed, pos_embed, blocks, ln_final, unembed: model-level module paths.
-        ln1, ln2: norms before attention and before the MLP (block-relative).
+        ln1, ln2: norms before attention and before the MLP (block-relative). ``ln2`` is None, or names a
+            module the block holds as None, where one norm feeds attention and MLP (Phi, GPT-J, Cohere,
+            parallel Falcon / StableLM); both are None where the block has no pre-norms (OLMo 2).
         attn: the attention module; ``q``, ``k``, ``v``: its projections, or ``qkv`` when fused.
         qkv_layout: ``separate`` (three projections), ``concat`` (``[q | k | v]`` along features,
             GPT-2, Phi-3) or ``per_head`` (``[head, q|k|v, d_head]``, GPT-NeoX).
@@ -29,13 +31,22 @@ class Adapter:
             ``mlp_in`` holds ``[gate | up]`` (Phi-3).
         mlp_down: last MLP projection; its input is ``hook_post``.
         norm: ``layernorm`` (mean-centred), ``rms``, or ``rms_one_plus`` (weight stored as w - 1).
-        parallel_attn_mlp: config attribute that says attention and MLP read the same residual.
+        parallel_attn_mlp: attention and MLP read the same residual: True, or the config attribute that
+            says so (GPT-NeoX's ``use_parallel_residual``).
+        attn_registry: attention runs through HF's attention registry, so the bridge offers ``hook_rot_q``,
+            ``hook_rot_k`` (rotary families), ``hook_attn_scores`` and ``hook_pattern``. False where the HF
+            module computes attention itself (GPT-J, GPT-Neo, Falcon).
+        pattern_module: without the registry, the module whose output is the attention pattern (the
+            dropout after the softmax in GPT-J and GPT-Neo); it serves ``hook_pattern``.
+        mlp_out_mutated: HF adds to the MLP output in place (Falcon's parallel block), so a hooked MLP
+            output is handed on as a copy.
         conv1d: projections store weights ``[in, out]`` (GPT-2's Conv1D) instead of ``[out, in]``.
         q_norm, k_norm: per-head norms applied to q and k after their projections (Qwen 3); they get
             ``attn.q_norm.hook_scale`` / ``hook_normalized`` (and the same for ``k_norm``), shown as
             ``[batch, pos, head, d_head]`` (``[batch, pos, 1]`` for the scale) whatever the HF layout.
         qk_norm_layout: the layout HF hands the q/k norms: ``pos_head`` (``[b, pos, head, d]``, Qwen 3)
-            or ``head_pos`` (``[b, head, pos, d]``, Gemma 3, Apertus, Hunyuan, EXAONE 4).
+            or ``head_pos`` (``[b, head, pos, d]``, Gemma 3, Apertus, Hunyuan, EXAONE 4); ``flat``: one norm
+            over all heads of the projection (OLMo 2), shown as HF has it, ``[b, pos, head * d_head]``.
         sandwich: ``attn_out`` and ``mlp_out`` are norms applied to the sublayer outputs before the
             residual add (Gemma 2); they get ``ln1_post.*`` and ``ln2_post.*`` scale/normalized points.
     """
@@ -44,8 +55,8 @@ class Adapter:
     embed: str
     blocks: str
     ln_final: str
-    ln1: str
-    ln2: str
+    ln1: str | None
+    ln2: str | None
     attn: str
     o_proj: str
     attn_out: str
@@ -62,7 +73,10 @@ class Adapter:
     mlp_up: str | None = None
     fused_gate_up: bool = False
     norm: NormKind = "rms"
-    parallel_attn_mlp: str | None = None
+    parallel_attn_mlp: str | bool | None = None
+    attn_registry: bool = True
+    pattern_module: str | None = None
+    mlp_out_mutated: bool = False
     conv1d: bool = False
     rotary: bool = True
     q_norm: str | None = None
@@ -73,3 +87,9 @@ class Adapter:
     @property
     def gated(self) -> bool:
         return self.mlp_up is not None or self.fused_gate_up
+
+    def is_parallel(self, config: object) -> bool:
+        """Whether attention and MLP read the same residual in a model with this HF ``config``."""
+        if isinstance(self.parallel_attn_mlp, bool):
+            return self.parallel_attn_mlp
+        return bool(self.parallel_attn_mlp and getattr(config, self.parallel_attn_mlp, False))

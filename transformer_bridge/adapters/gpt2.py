@@ -1,4 +1,9 @@
-"""GPT-2: learned positions, fused ``c_attn`` ([q | k | v]), Conv1D weights stored [in, out]."""
+"""Learned positions: GPT-2 (fused ``c_attn`` ([q | k | v]), Conv1D weights stored [in, out]), GPTBigCode
+(the same with ``nn.Linear`` and one kv head) and GPT-Neo (local attention in alternate layers; the HF
+module computes attention itself, so ``hook_pattern`` comes from the dropout after its softmax and
+there are no ``hook_attn_scores``)."""
+
+from dataclasses import replace
 
 from .base import Adapter
 
@@ -21,4 +26,20 @@ GPT2 = Adapter(
     norm="layernorm",
     conv1d=True,
     rotary=False,
+)
+
+GPT_BIGCODE = replace(GPT2, model_types=("gpt_bigcode",), conv1d=False)
+
+GPT_NEO = replace(
+    GPT2,
+    model_types=("gpt_neo",),
+    qkv=None,
+    q="attn.attention.q_proj",
+    k="attn.attention.k_proj",
+    v="attn.attention.v_proj",
+    o_proj="attn.attention.out_proj",
+    attn="attn.attention",
+    conv1d=False,
+    attn_registry=False,
+    pattern_module="attn.attention.attn_dropout",
 )

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from ..checks import ArgumentIndexError, ArgumentTypeError
 from ..core import BridgeCore
+from ..decompose import logit_multiplier
 from ..distributed import full_param
 from ..sites import get_module
 
@@ -295,7 +296,8 @@ def W_U(core: BridgeCore) -> Float[Tensor, "d_model d_vocab"]:  # noqa: N802
     """
     raw = W_U_raw(core)
     gamma, _ = _norm_weight_bias(core, get_module(core.hf_model, core.adapter.ln_final))
-    return (gamma.to(torch.float32)[:, None] * raw.float()).to(raw.dtype)
+    # Cohere's logit_scale and Granite's 1 / logits_scaling are folded in like γ.
+    return (gamma.to(torch.float32)[:, None] * raw.float() * logit_multiplier(core)).to(raw.dtype)
 
 
 def b_U(core: BridgeCore) -> Float[Tensor, "d_vocab"]:  # noqa: N802
@@ -307,7 +309,9 @@ def b_U(core: BridgeCore) -> Float[Tensor, "d_vocab"]:  # noqa: N802
     _, beta = _norm_weight_bias(core, get_module(core.hf_model, core.adapter.ln_final))
     bias = b_U_raw(core)
     out = _zeros(raw, core.cfg.d_vocab) if bias is None else bias.clone()
-    return out if beta is None else out + beta @ raw
+    out = out if beta is None else out + beta @ raw
+    scale = logit_multiplier(core)
+    return out if scale == 1.0 else out * scale
 
 
 # TransformerLens attribute name → per-layer function, for the component objects (``blocks[i].attn.W_Q``).
