@@ -236,6 +236,23 @@ class AttnFnSite:
         return args, {**kwargs, attention.POINTS_KWARG: groups}
 
 
+def copied(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
+    """The model goes on with a copy: HF adds to this output in place (Falcon), which the tensor hooks saw
+    (and caches keep, and backward hooks are registered on) must not see."""
+    return run("", x).clone()
+
+
+def optional_module(block: nn.Module, path: str | None) -> nn.Module | None:
+    """The module at ``path``, or None when the adapter names none or the block holds None there (StableLM's
+    and Falcon's ``post_attention_layernorm`` in parallel blocks)."""
+    if path is None:
+        return None
+    try:
+        return get_module(block, path)
+    except AttributeError:
+        return None
+
+
 def get_module(root: nn.Module, path: str) -> nn.Module:
     module = root
     for part in path.split("."):
@@ -296,8 +313,9 @@ def build_sites(
 
         resid_pre = site(block, "pre", stash_resid_pre)
         add(p + "hook_resid_pre", resid_pre)
-        add(p + "ln1.hook_scale", ln1 := site(m(adapter.ln1), "post", norm(adapter.norm, m(adapter.ln1))), "scale")
-        add(p + "ln1.hook_normalized", ln1, "normalized")
+        if (ln1_module := optional_module(block, adapter.ln1)) is not None:  # OLMo 2: no norm before attention
+            add(p + "ln1.hook_scale", ln1 := site(ln1_module, "post", norm(adapter.norm, ln1_module)), "scale")
+            add(p + "ln1.hook_normalized", ln1, "normalized")
 
         if adapter.qkv is None:
             for key in "qkv":
@@ -319,15 +337,21 @@ def build_sites(
                 add(p + f"attn.{key}.hook_scale", qk, "scale")
                 add(p + f"attn.{key}.hook_normalized", qk, "normalized")
 
-        attn_points = attention.AttentionPoints(None, None, HookPoint("", registry), HookPoint("", registry))
-        fn_site = AttnFnSite(m(adapter.attn), attn_points)
-        if adapter.rotary:
-            add(p + "attn.hook_rot_q", fn_site)
-            add(p + "attn.hook_rot_k", fn_site)
-            attn_points.rot_q, attn_points.rot_k = points[p + "attn.hook_rot_q"], points[p + "attn.hook_rot_k"]
-        add(p + "attn.hook_attn_scores", fn_site)
-        add(p + "attn.hook_pattern", fn_site)
-        attn_points.scores, attn_points.pattern = points[p + "attn.hook_attn_scores"], points[p + "attn.hook_pattern"]
+        if adapter.attn_registry:
+            attn_points = attention.AttentionPoints(None, None, HookPoint("", registry), HookPoint("", registry))
+            fn_site = AttnFnSite(m(adapter.attn), attn_points)
+            if adapter.rotary:
+                add(p + "attn.hook_rot_q", fn_site)
+                add(p + "attn.hook_rot_k", fn_site)
+                attn_points.rot_q, attn_points.rot_k = points[p + "attn.hook_rot_q"], points[p + "attn.hook_rot_k"]
+            add(p + "attn.hook_attn_scores", fn_site)
+            add(p + "attn.hook_pattern", fn_site)
+            attn_points.scores = points[p + "attn.hook_attn_scores"]
+            attn_points.pattern = points[p + "attn.hook_pattern"]
+        elif adapter.pattern_module is not None:
+            # Attention computed inside the HF module (GPT-J, GPT-Neo): the softmax output passes through a
+            # dropout module before it meets the values, so that module's output is the pattern.
+            add(p + "attn.hook_pattern", site(m(adapter.pattern_module), "post", identity))
 
         o_proj = m(adapter.o_proj)
         add(p + "attn.hook_z", site(o_proj, "pre", heads(n_heads, d_head)))
@@ -345,9 +369,10 @@ def build_sites(
         if not parallel:
             add(p + "hook_resid_mid", attn_out_site, "mid", extra=(resid_pre,))
 
-        ln2 = site(m(adapter.ln2), "post", norm(adapter.norm, m(adapter.ln2)))
-        add(p + "ln2.hook_scale", ln2, "scale")
-        add(p + "ln2.hook_normalized", ln2, "normalized")
+        if (ln2_module := optional_module(block, adapter.ln2)) is not None:  # one norm feeds both (Phi, GPT-J)
+            ln2 = site(ln2_module, "post", norm(adapter.norm, ln2_module))
+            add(p + "ln2.hook_scale", ln2, "scale")
+            add(p + "ln2.hook_normalized", ln2, "normalized")
 
         if adapter.fused_gate_up:
             fused_mlp = site(m(adapter.mlp_in), "post", gate_up)
@@ -366,7 +391,7 @@ def build_sites(
             add(p + "ln2_post.hook_normalized", mlp_out_site, "normalized")
             add(p + "hook_mlp_out", mlp_out_site, "mlp_out")
         else:
-            add(p + "hook_mlp_out", site(mlp_out, "post", identity))
+            add(p + "hook_mlp_out", site(mlp_out, "post", copied if adapter.mlp_out_mutated else identity))
         add(p + "hook_resid_post", site(block, "post", identity))
 
     ln_final = get_module(model, adapter.ln_final)
