@@ -7,9 +7,10 @@ On a block whose MLP is a mixture of experts (the adapter's `MoE` names its rout
   (`route`), so banning an expert is ``logits[..., e] = -inf``.
 - ``blocks.L.mlp.hook_expert_weights [batch pos expert]``: the weight each expert's output is multiplied
   by, dense (0 for the experts a token is not routed to). An edit is the routing: a non-zero weight
-  sends the token to that expert (forcing it), a zero keeps it away (banning it). After an edit every
-  expert runs on every token (those with weight 0 add exact zeros), so the result is the sum the model
-  would compute for that routing.
+  sends the token to that expert (forcing it), a zero keeps it away (banning it). After an edit each
+  token runs as many experts as the busiest token needs (under autograd: all of them, so every weight
+  gets a gradient); experts with weight 0 add exact zeros, so the result is the model's sum for that
+  routing.
 - ``blocks.L.mlp.hook_expert_pre`` and ``hook_expert_post [batch pos expert d_mlp]`` (experts stored
   as ``gate_up_proj [expert, 2 * d_mlp, d_model]`` and ``down_proj [expert, d_model, d_mlp]`` with no
   biases: Mixtral, Qwen-MoE, OLMoE): each expert's gate pre-activation and its ``act(gate) * up``, the
@@ -162,9 +163,10 @@ def _router(moe: MoE, router: nn.Module, registry: HookRegistry) -> ModuleSite:
             new = run("expert_weights", shown)
             if new is not shown:
                 changed = True
-                weights = new.reshape(dense.shape)
-                if not moe.dense:  # every expert runs; the zero weights add exact zeros
-                    indices = torch.arange(n, device=logits.device).expand(dense.shape)
+                if moe.dense:
+                    weights = new.reshape(dense.shape)
+                else:
+                    weights, indices = _sparse(new.reshape(dense.shape))
         if not changed:
             return output
         if moe.dense:
@@ -188,6 +190,21 @@ def has_expert_internals(experts: nn.Module, d_model: int) -> bool:
         and getattr(experts, "gate_up_proj_bias", None) is None
         and callable(getattr(experts, "act_fn", None))
     )
+
+
+def _sparse(dense: Float[Tensor, "token expert"]) -> tuple[Tensor, Int[Tensor, "token k"]]:
+    """Top-k style ``(weights, indices)`` for edited dense weights.
+
+    Under autograd every expert is kept, so the gradient reaches the weight of every expert (the ones at 0
+    included); otherwise only as many as the most experts any token uses. Either way experts weighing 0
+    add exact zeros, so the values are the same.
+    """
+    n = dense.shape[-1]
+    if torch.is_grad_enabled() and dense.requires_grad:
+        return dense, torch.arange(n, device=dense.device).expand(dense.shape)
+    k = max(int((dense != 0).sum(dim=-1).max()), 1)
+    indices = dense.abs().topk(k, dim=-1).indices
+    return dense.gather(1, indices), indices
 
 
 def _experts(moe: MoE, experts: nn.Module, n: int, registry: HookRegistry, internals: bool) -> ModuleSite:
