@@ -36,6 +36,7 @@ _ROPE = dict(_COMMON, hidden_size=D, intermediate_size=M, num_hidden_layers=L, n
              num_key_value_heads=KV, max_position_embeddings=128)  # fmt: skip
 
 
+
 def _auto(model_type: str, **overrides):
     """A tiny config of ``model_type`` with the shared sizes (4 heads, 2 kv heads) and ``overrides``."""
     return AutoConfig.for_model(model_type, **{**_ROPE, **overrides})
@@ -85,6 +86,25 @@ CONFIGS = {
                                     attention_types=[[["local", "global"], 1]], window_size=4,
                                     max_position_embeddings=128),
 }  # fmt: skip
+# Mixture-of-experts families of #12: 4 experts, top-2, the eager experts loop (the default kernel,
+# grouped_mm, needs 16-byte rows: tests/test_moe.py runs it at width 36). Qwen2-MoE: a shared expert (width
+# 41) and top-k weights not renormalised.
+_E = dict(num_experts=4, num_experts_per_tok=2, experts_implementation="eager")
+MOE_CONFIGS = {
+    "mixtral": lambda: _auto("mixtral", num_local_experts=4, num_experts_per_tok=2, experts_implementation="eager"),
+    "qwen2_moe": lambda: _auto("qwen2_moe", **_E, moe_intermediate_size=M, shared_expert_intermediate_size=41,
+                               norm_topk_prob=False),
+    "qwen3_moe": lambda: _auto("qwen3_moe", **_E, moe_intermediate_size=M, head_dim=8, norm_topk_prob=True),
+    "olmoe": lambda: _auto("olmoe", **_E),
+    # Attention sinks; layer 0 has a 4-token window.
+    "gpt_oss": lambda: _auto("gpt_oss", num_local_experts=4, num_experts_per_tok=2, experts_implementation="eager",
+                             head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+    # Layer 0: dense MLP, rotary and 4-token attention chunks; layer 1: MoE, no rotary (NoPE), full attention.
+    "llama4_text": lambda: _auto("llama4_text", num_local_experts=4, num_experts_per_tok=2, head_dim=8,
+                                 intermediate_size_mlp=M, experts_implementation="eager", attention_chunk_size=4,
+                                 moe_layers=[1], no_rope_layers=[1, 0]),
+}  # fmt: skip
+CONFIGS.update(MOE_CONFIGS)
 FAMILIES = list(CONFIGS)
 
 

@@ -7,6 +7,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .adapters import Adapter
+from .moe import is_moe_block
 from .sites import get_module
 
 
@@ -18,6 +19,10 @@ class BridgeConfig:
     whether text gets a BOS token when a call does not say, and ``default_padding_side`` how
     `to_tokens` pads a batch; they are the fields meant to be changed
     (``model.cfg.default_prepend_bos = False``).
+
+    Mixture-of-experts families set ``num_experts`` and ``experts_per_token`` (TransformerLens' names; None
+    otherwise), with ``d_mlp`` one expert's width when no block is dense. State-space families (Mamba) have
+    ``n_heads = d_head = 0`` and ``d_mlp`` the mixer's width.
 
     Example:
         >>> model.cfg.n_layers, model.cfg.d_head, model.cfg.default_prepend_bos
@@ -42,6 +47,8 @@ class BridgeConfig:
     eos_token_id: int | None = None
     bos_token_id: int | None = None
     tokenizer_name: str | None = None
+    num_experts: int | None = None
+    experts_per_token: int | None = None
     dtype: torch.dtype = torch.float32
     device: torch.device | None = None
 
@@ -67,11 +74,15 @@ class BridgeConfig:
 def bridge_config(model: PreTrainedModel, adapter: Adapter, tokenizer: Any = None) -> BridgeConfig:
     """The `BridgeConfig` of ``model`` (an HF causal LM of ``adapter``'s family)."""
     c = model.config
-    n_heads = c.num_attention_heads
+    n_heads = getattr(c, "num_attention_heads", None) or 0  # 0: a state-space model has no attention
     d_model = c.hidden_size
-    d_head = getattr(c, "head_dim", None) or d_model // n_heads
-    down = get_module(get_module(model, adapter.blocks)[0], adapter.mlp_down)
-    d_mlp = down.weight.shape[0] if adapter.conv1d else down.weight.shape[1]
+    d_head = getattr(c, "head_dim", None) or (d_model // n_heads if n_heads else 0)
+    dense = [b for b in get_module(model, adapter.blocks) if not is_moe_block(b, adapter.moe)]
+    if dense:
+        down = get_module(dense[0], adapter.mlp_down)
+        d_mlp = down.weight.shape[0] if adapter.conv1d else down.weight.shape[1]
+    else:  # every block is a mixture of experts: one expert's hidden width, as TransformerLens' Mixtral
+        d_mlp = getattr(c, "moe_intermediate_size", None) or c.intermediate_size
     parallel = adapter.is_parallel(c)
     return BridgeConfig(
         model_type=c.model_type,
@@ -85,6 +96,8 @@ def bridge_config(model: PreTrainedModel, adapter: Adapter, tokenizer: Any = Non
         n_ctx=getattr(c, "max_position_embeddings", None),
         parallel_attn_mlp=parallel,
         gated_mlp=adapter.gated,
+        num_experts=(getattr(c, "num_local_experts", None) or getattr(c, "num_experts", None)) if adapter.moe else None,
+        experts_per_token=getattr(c, "num_experts_per_tok", None) if adapter.moe else None,
         normalization=adapter.norm,
         act_fn=getattr(c, "hidden_act", None) or getattr(c, "activation_function", None),
         positional_embedding_type="standard" if adapter.pos_embed else ("rotary" if adapter.rotary else "none"),

@@ -28,6 +28,7 @@ from .inputs import PaddingSide, check_attention_mask, infer_attention_mask, tok
 from .layers import StopForward, check_layer, start_at, stop_before
 from .names import NameFilter
 from .sites import arm_sites, build_sites, check_sites, disarm_sites, get_module
+from .ssm import build_ssm_sites
 
 Input = str | Sequence[str] | Tensor
 NamesFilter = NameFilter
@@ -61,15 +62,18 @@ class BridgeCore(nn.Module, HookRegistry):
         # Only checks that the implementation is one the bridge can route; the HF model's config is
         # switched to the bridge's implementation during the bridge's own calls only (`run_model`).
         attention.bridge_implementation(hf_model.config._attn_implementation)
-        sites = build_sites(
-            self,
-            hf_model,
-            self.adapter,
-            self.cfg.n_heads,
-            self.cfg.n_kv_heads,
-            self.cfg.d_head,
-            self.cfg.parallel_attn_mlp,
-        )
+        if self.adapter.ssm is not None:  # state-space blocks: a mixer instead of attention and MLP
+            sites = build_ssm_sites(self, hf_model, self.adapter)
+        else:
+            sites = build_sites(
+                self,
+                hf_model,
+                self.adapter,
+                self.cfg.n_heads,
+                self.cfg.n_kv_heads,
+                self.cfg.d_head,
+                self.cfg.parallel_attn_mlp,
+            )
         self._set_points(sites.points, self.cfg.n_layers)
         mesh = tp_mesh(hf_model)
         if mesh is not None:  # tensor parallel: hooks on head / neuron points see gathered tensors
@@ -77,6 +81,8 @@ class BridgeCore(nn.Module, HookRegistry):
         self._sites_for = sites.sites_for
         self._stash = sites.stash
         self._live: dict[Any, None] = {}  # sites whose torch hook is attached, checked after each forward
+        # HF's state-space models (Mamba) take their cache as `cache_params`; attention models as `past_key_values`.
+        self._cache_keyword = "cache_params" if self.adapter.ssm is not None else "past_key_values"
 
     def __deepcopy__(self, memo: dict) -> "BridgeCore":
         """A bridge over a deep copy of the HF model, with the same hooks registered on the copy.
@@ -378,6 +384,8 @@ class BridgeCore(nn.Module, HookRegistry):
         so HF takes its own fastest path (and its default positions). ``logits_to_keep=1``
         unembeds only the last position, as HF's generate does (0 keeps all).
         """
+        if self.adapter.ssm is not None and attention_mask is not None:
+            attention_mask = attention_mask[:, -tokens.shape[1] :]  # Mamba masks only its input positions
         config = self.hf_model.config
         users = config._attn_implementation
         # Checked at every call: the user may have switched the HF model's implementation since.
@@ -394,7 +402,7 @@ class BridgeCore(nn.Module, HookRegistry):
                     input_ids=tokens,
                     attention_mask=attention_mask,
                     position_ids=position_ids,
-                    past_key_values=past_key_values,
+                    **{self._cache_keyword: past_key_values},
                     use_cache=past_key_values is not None,
                     logits_to_keep=logits_to_keep,
                     **hf_kwargs,

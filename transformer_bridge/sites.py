@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from . import attention
+from . import attention, moe
 from .adapters import Adapter
 from .distributed import local_param, o_proj_weight, onloaded, sum_over_ranks
 from .hook_points import HookPoint, HookRegistry
@@ -286,7 +286,7 @@ def build_sites(
     def add(name: str, site, key: str = "", extra: tuple = ()) -> None:
         point = HookPoint(name, registry)
         points[name] = point
-        if isinstance(site, Site):
+        if isinstance(site, (Site, moe.ModuleSite)):
             site.points[key] = point
         sites_for[name] = [site, *extra]
         for s in sites_for[name]:
@@ -374,7 +374,11 @@ def build_sites(
             add(p + "ln2.hook_scale", ln2, "scale")
             add(p + "ln2.hook_normalized", ln2, "normalized")
 
-        if adapter.fused_gate_up:
+        moe_block = moe.is_moe_block(block, adapter.moe)
+        if moe_block:
+            for key, moe_site in moe.moe_sites(adapter.moe, block, registry, get_module):
+                add(p + f"mlp.hook_{key}", moe_site, key)
+        elif adapter.fused_gate_up:
             fused_mlp = site(m(adapter.mlp_in), "post", gate_up)
             add(p + "mlp.hook_pre", fused_mlp, "pre")
             add(p + "mlp.hook_pre_linear", fused_mlp, "pre_linear")
@@ -382,7 +386,8 @@ def build_sites(
             add(p + "mlp.hook_pre", site(m(adapter.mlp_in), "post", identity))
             if adapter.mlp_up is not None:
                 add(p + "mlp.hook_pre_linear", site(m(adapter.mlp_up), "post", identity))
-        add(p + "mlp.hook_post", site(m(adapter.mlp_down), "pre", identity))
+        if not moe_block:
+            add(p + "mlp.hook_post", site(m(adapter.mlp_down), "pre", identity))
         mlp_out = m(adapter.mlp_out)
         if adapter.sandwich:
             mlp_out_site = site(mlp_out, "post", identity)

@@ -25,6 +25,8 @@ def hf_biases(model) -> set[str]:
     block = get_module(model.hf_model, a.blocks)[1]
     found = set()
     for name, owner in BIAS_OWNERS.items():
+        if owner.startswith("mlp") and is_moe(model, 1):
+            continue
         path = getattr(a, owner) if owner not in "qkv" or a.qkv is None else a.qkv
         if owner == "mlp_in" and a.mlp_up is not None:
             path = a.mlp_up  # a gated MLP's W_in / b_in is the up projection
@@ -101,16 +103,27 @@ def check_attention(model, cache, layer: int) -> None:
     torch.testing.assert_close(out, cache["attn_out", layer], **TOL)
 
 
+def is_moe(model, layer: int) -> bool:
+    """A mixture-of-experts block: no dense MLP points and no single W_in / W_out (tests/test_moe.py)."""
+    return f"blocks.{layer}.mlp.hook_post" not in model.hook_dict
+
+
 def check_mlp(model, cache, layer: int) -> None:
+    if is_moe(model, layer):
+        with pytest.raises(ValueError, match="mixture-of-experts"):
+            _ = MLP_WEIGHTS["W_in"](model, layer)
+        return
     block = get_module(model.hf_model, model.adapter.blocks)[layer]
     x = block_input(model, cache, block, layer, "ln2")
-    linear = x @ model.W_in[layer] + model.b_in[layer]
-    if model.W_gate is None:
+    # Per layer, not model.W_in[layer]: a model mixing dense and MoE blocks (Llama 4) has no stack.
+    w = {name: fn(model, layer) for name, fn in MLP_WEIGHTS.items()}
+    linear = x @ w["W_in"] + w["b_in"]
+    if w["W_gate"] is None:
         torch.testing.assert_close(linear, cache[f"blocks.{layer}.mlp.hook_pre"], **TOL)
     else:
-        torch.testing.assert_close(x @ model.W_gate[layer], cache[f"blocks.{layer}.mlp.hook_pre"], **TOL)
+        torch.testing.assert_close(x @ w["W_gate"], cache[f"blocks.{layer}.mlp.hook_pre"], **TOL)
         torch.testing.assert_close(linear, cache[f"blocks.{layer}.mlp.hook_pre_linear"], **TOL)
-    out = cache[f"blocks.{layer}.mlp.hook_post"] @ model.W_out[layer] + model.b_out[layer]
+    out = cache[f"blocks.{layer}.mlp.hook_post"] @ w["W_out"] + w["b_out"]
     if model.adapter.sandwich:
         out = sandwich(model, get_module(block, model.adapter.mlp_out), out)
     torch.testing.assert_close(out, cache["mlp_out", layer], **TOL)
@@ -135,10 +148,15 @@ def test_shapes(run):
         "_b_K": (n, kv, dh), "_b_V": (n, kv, dh), "b_O": (n, d), "W_in": (n, d, m), "W_out": (n, m, d),
         "b_in": (n, m), "b_out": (n, d), "W_E": (v, d), "W_U": (d, v), "b_U": (v,), "W_U_raw": (d, v),
     }  # fmt: skip
+    moe = any(is_moe(model, layer) for layer in range(n))
     for name, shape in expected.items():
+        if moe and name in MLP_WEIGHTS:
+            with pytest.raises(ValueError, match="mixture-of-experts"):
+                getattr(model, name)
+            continue
         assert tuple(getattr(model, name).shape) == shape, name
-    assert (model.W_gate is None) == (not c.gated_mlp)
-    if c.gated_mlp:
+    assert moe or (model.W_gate is None) == (not c.gated_mlp)
+    if c.gated_mlp and not moe:
         assert model.W_gate.shape == (n, d, m)
     raw_bias = getattr(model.hf_model.get_output_embeddings(), "bias", None)
     assert (model.b_U_raw is None) == (raw_bias is None)
@@ -197,7 +215,7 @@ def test_per_layer_weights_are_views_that_edit_the_model(family):
     before = model(TOKENS)
     gen = torch.Generator().manual_seed(2)
     edited, biases = [], hf_biases(model)
-    for name, fn in {**ATTN_WEIGHTS, **MLP_WEIGHTS}.items():
+    for name, fn in {**ATTN_WEIGHTS, **({} if is_moe(model, 1) else MLP_WEIGHTS)}.items():
         t = fn(model, 1)
         if t is None:  # W_gate of an ungated MLP
             continue
@@ -211,7 +229,7 @@ def test_per_layer_weights_are_views_that_edit_the_model(family):
             with torch.no_grad():
                 t.add_(0.05 * torch.randn(t.shape, generator=gen))
             edited.append(name)
-    assert {"W_Q", "_W_K", "_W_V", "W_O", "W_in", "W_out"} <= set(edited)
+    assert {"W_Q", "_W_K", "_W_V", "W_O", *(() if is_moe(model, 1) else ("W_in", "W_out"))} <= set(edited)
     logits, cache = model.run_with_cache(TOKENS)
     assert not torch.allclose(logits, before)
     check_attention(model, cache, 1)

@@ -5,8 +5,12 @@ from .gemma import GEMMA, GEMMA2, GEMMA3
 from .glm import GLM, GLM4
 from .gpt2 import GPT2, GPT_BIGCODE, GPT_NEO
 from .gpt_neox import GPT_NEOX
+from .gpt_oss import GPT_OSS
 from .layernorm_rotary import OLMO, STABLELM, STARCODER2
 from .llama import APERTUS, ARCEE, HUNYUAN, LLAMA, QWEN3
+from .llama4 import LLAMA4
+from .mamba import MAMBA
+from .mixtral import MIXTRAL, OLMOE, QWEN2_MOE, QWEN3_MOE
 from .opt import OPT
 from .parallel import COHERE, FALCON, GPTJ, PHI
 from .phi3 import PHI3
@@ -17,6 +21,8 @@ ADAPTERS: tuple[Adapter, ...] = (
     GEMMA, GEMMA3, GLM, GLM4, STABLELM, STARCODER2, OLMO, HUNYUAN, ARCEE, APERTUS,
     PHI, COHERE, GPTJ, FALCON, OLMO2, EXAONE4, GPT_BIGCODE, GPT_NEO,
 )  # fmt: skip
+ADAPTERS += (MIXTRAL, QWEN2_MOE, QWEN3_MOE, OLMOE, GPT_OSS, LLAMA4)  # mixture of experts
+ADAPTERS += (MAMBA,)  # state space
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for a in ADAPTERS for t in a.model_types)
 
 

@@ -9,6 +9,47 @@ from typing import Literal
 NormKind = Literal["layernorm", "rms", "rms_one_plus"]
 QKVLayout = Literal["separate", "concat", "per_head"]
 QKNormLayout = Literal["pos_head", "head_pos", "flat"]
+Routing = Literal["softmax_topk", "topk_softmax", "sigmoid_group_topk", "topk_sigmoid"]
+
+
+@dataclass(frozen=True)
+class MoE:
+    """Where a mixture-of-experts MLP keeps its router and experts (paths relative to one block).
+
+    Attributes:
+        router: the module returning the router logits (and, ``sparse``, the top-k weights and indices).
+        experts: the module holding every expert's weights.
+        routing: how the router turns logits into expert weights; the bridge re-routes with it when
+            ``hook_router_logits`` is edited. ``softmax_topk`` (Mixtral, Qwen-MoE, OLMoE: softmax over all
+            experts, top-k, renormalised unless the router's ``norm_topk_prob`` is False),
+            ``topk_softmax`` (GPT-OSS: top-k logits, softmax over them), ``sigmoid_group_topk``
+            (DeepSeek-V3), ``topk_sigmoid`` (Llama 4: sigmoid of the top-k logits, dense).
+        dense: the router returns dense ``[token, expert]`` scores and the experts module runs every
+            expert on its input scaled by them (Llama 4); otherwise the experts module takes
+            ``(hidden, top_k_index, top_k_weights)``.
+    """
+
+    router: str
+    experts: str
+    routing: Routing = "softmax_topk"
+    dense: bool = False
+
+
+@dataclass(frozen=True)
+class SSM:
+    """Where a state-space (Mamba) block keeps its mixer's projections (paths relative to one block).
+
+    Attributes:
+        mixer: the mixer module (its output is ``hook_mixer_out``).
+        in_proj: ``[x | gate]`` projection (``mixer.hook_in``, ``mixer.hook_gate``).
+        x_proj: the selection projection ``[dt | B | C]`` (``mixer.hook_dt``, ``hook_B``, ``hook_C``).
+        out_proj: the output projection; its input is ``mixer.hook_y``.
+    """
+
+    mixer: str = "mixer"
+    in_proj: str = "mixer.in_proj"
+    x_proj: str = "mixer.x_proj"
+    out_proj: str = "mixer.out_proj"
 
 
 @dataclass(frozen=True)
@@ -47,6 +88,10 @@ class Adapter:
         qk_norm_layout: the layout HF hands the q/k norms: ``pos_head`` (``[b, pos, head, d]``, Qwen 3)
             or ``head_pos`` (``[b, head, pos, d]``, Gemma 3, Apertus, Hunyuan, EXAONE 4); ``flat``: one norm
             over all heads of the projection (OLMo 2), shown as HF has it, ``[b, pos, head * d_head]``.
+        ssm: a state-space family (`SSM`): its blocks have a mixer instead of attention and MLP, and get
+            the points of `transformer_bridge.ssm` (no attention or MLP points).
+        moe: the mixture-of-experts layout (`MoE`); a block whose ``moe.experts`` module exists gets the
+            MoE hook points instead of ``mlp.hook_pre`` / ``hook_pre_linear`` / ``hook_post``.
         sandwich: ``attn_out`` and ``mlp_out`` are norms applied to the sublayer outputs before the
             residual add (Gemma 2); they get ``ln1_post.*`` and ``ln2_post.*`` scale/normalized points.
     """
@@ -83,6 +128,8 @@ class Adapter:
     k_norm: str | None = None
     qk_norm_layout: QKNormLayout = "pos_head"
     sandwich: bool = False
+    moe: MoE | None = None
+    ssm: SSM | None = None
 
     @property
     def gated(self) -> bool:

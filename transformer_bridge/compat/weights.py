@@ -32,6 +32,7 @@ from ..checks import ArgumentIndexError, ArgumentTypeError
 from ..core import BridgeCore
 from ..decompose import logit_multiplier
 from ..distributed import full_param
+from ..moe import is_moe_block
 from ..sites import get_module
 
 __all__ = [
@@ -81,6 +82,18 @@ def _block(core: BridgeCore, layer: int) -> nn.Module:
     return get_module(core.hf_model, core.adapter.blocks)[int(layer)]
 
 
+def _dense_mlp_block(core: BridgeCore, layer: int) -> nn.Module:
+    """Block ``layer``, which must have a dense MLP: a mixture of experts has no single ``W_in`` / ``W_out``."""
+    block = _block(core, layer)
+    if is_moe_block(block, core.adapter.moe):
+        raise ValueError(
+            f"`layer`={layer} is a mixture-of-experts block of this {core.cfg.model_type!r} model: it has no single "
+            "W_in / W_gate / W_out / b_in / b_out. Each expert's weights are in the HF experts module "
+            f"(`model.hf_model.{core.adapter.blocks}[{layer}].{core.adapter.moe.experts}`); see docs/hook_points.md."
+        )
+    return block
+
+
 def _in_out(core: BridgeCore, module: nn.Module) -> Float[Tensor, "d_in d_out"]:
     """The module's weight as ``[in, out]`` (a view): Conv1D stores it so, ``nn.Linear`` as ``[out, in]``."""
     w = full_param(module)  # whole under tensor parallelism or offload (then a copy, not a view)
@@ -127,7 +140,7 @@ def _repeat_kv(core: BridgeCore, t: Tensor, kv_heads: bool) -> Tensor:
 def _mlp_in(core: BridgeCore, layer: int, gate: bool) -> tuple[Tensor, Tensor | None] | None:
     """``(weight [d_model, d_mlp], bias or None)`` of the gate (``gate=True``) or the input projection."""
     a, d_mlp = core.adapter, core.cfg.d_mlp
-    block = _block(core, layer)
+    block = _dense_mlp_block(core, layer)
     if not a.gated:
         return None if gate else (_in_out(core, m := get_module(block, a.mlp_in)), _bias(m))
     if a.fused_gate_up:  # [gate | up] along the output features, as `sites.gate_up` splits them
@@ -241,12 +254,12 @@ def W_gate(core: BridgeCore, layer: int) -> Float[Tensor, "d_model d_mlp"] | Non
 
 def W_out(core: BridgeCore, layer: int) -> Float[Tensor, "d_mlp d_model"]:  # noqa: N802
     """MLP output weights: ``hook_post @ W_out + b_out`` is the down projection's output. A view."""
-    return _in_out(core, get_module(_block(core, layer), core.adapter.mlp_down))
+    return _in_out(core, get_module(_dense_mlp_block(core, layer), core.adapter.mlp_down))
 
 
 def b_out(core: BridgeCore, layer: int) -> Float[Tensor, "d_model"]:
     """Bias of `W_out`: a view, or zeros when the family has none."""
-    module = get_module(_block(core, layer), core.adapter.mlp_down)
+    module = get_module(_dense_mlp_block(core, layer), core.adapter.mlp_down)
     b = _bias(module)
     return _zeros(full_param(module), core.cfg.d_model) if b is None else b
 
