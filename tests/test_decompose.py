@@ -58,19 +58,19 @@ def test_components_sum_to_the_residual_stream(run, heads, neurons):
         for mlp_input in (False, True) if layer < n and not parallel else (False,):
             parts, comps = components(model, acts, layer, mlp_input, heads=heads, neurons=neurons)
             assert len(parts) == len(comps) and comps[0].kind == "embed"
-            torch.testing.assert_close(torch.stack(parts).sum(0), _resid_read_by(model, cache, layer, mlp_input), **TOL)
+            torch.testing.assert_close(parts.sum(0), _resid_read_by(model, cache, layer, mlp_input), **TOL)
             if heads and layer == n:
                 assert sum(c.kind == "head" for c in comps) == n * model.cfg.n_heads
     # Mixtures of experts split by expert (+ the rest: a shared expert); a no-op on dense families.
     parts, comps = components(model, acts, n, heads=heads, neurons=neurons, experts=True)
-    torch.testing.assert_close(torch.stack(parts).sum(0), cache["resid_post", -1], **TOL)
+    torch.testing.assert_close(parts.sum(0), cache["resid_post", -1], **TOL)
     moe = [i for i in range(n) if f"blocks.{i}.mlp.hook_expert_result" in cache]
     assert {c.layer for c in comps if c.kind == "expert"} == set(moe)
     # The same parts at chosen (row, position) pairs, as `dla` reads them.
     rows, cols = torch.tensor([1, 0, 1]), torch.tensor([6, 3, 2])
     picked = Activations(lambda name: cache[name][rows, cols], cache.__contains__)
     parts, _ = components(model, picked, n, heads=True)
-    torch.testing.assert_close(torch.stack(parts).sum(0), cache["resid_post", -1][rows, cols], **TOL)
+    torch.testing.assert_close(parts.sum(0), cache["resid_post", -1][rows, cols], **TOL)
 
 
 def _mlp(dla: dict[str, float], layer: int) -> float:

@@ -26,12 +26,14 @@ from torch import Tensor
 from .checks import ArgumentIndexError, ArgumentTypeError, describe
 from .decompose import (
     Activations,
-    components,
+    Group,
+    component_groups,
     head_outputs,
     logit_attributions,
     logit_direction,
     o_weight,
     out_weight,
+    stack_groups,
     sublayer_bias,
     to_resid,
     z_to_result,
@@ -148,11 +150,10 @@ def decompose_resid(
     mid = mlp_reads_attn(model, layer, mlp_input)
     kinds = ("attn", "mlp") if mode == "all" else (mode,)
     acts = _acts(cache, pos_slice, "decompose_resid")
-    parts, comps = components(model, acts, layer, mid, embeds=incl_embeds, kinds=kinds)
-    if not parts:
+    groups = component_groups(model, acts, layer, mid, embeds=incl_embeds, kinds=kinds)
+    if not groups:
         raise ValueError(f"Nothing to decompose: layer={layer}, mode={mode!r} and incl_embeds=False select no part.")
-    labels = [_label(c) for c in comps]
-    return _out(cache, torch.stack(parts), labels, layer, mlp_input, apply_ln, pos_slice, return_labels)
+    return _out(cache, stack_groups(groups), _labels(groups), layer, mlp_input, apply_ln, pos_slice, return_labels)
 
 
 def apply_ln_to_stack(
@@ -248,14 +249,16 @@ def _acts(cache: Cache, pos_slice: Any, why: str) -> Activations:
     return Activations(lambda name: cache._at_pos(cache._get(name, why), pos_slice), cache.cache_dict.__contains__)
 
 
-def _label(component: Any) -> str:
-    """TransformerLens' label of a `decompose.Component`: ``embed``, ``L0H3``, ``0_attn_out``, ``L0N5``."""
-    kind, layer, index = component.kind, component.layer, component.index
-    if kind in ("embed", "pos_embed"):
-        return kind
-    if kind in ("head", "neuron"):
-        return f"L{layer}{'H' if kind == 'head' else 'N'}{index}"
-    return f"{layer}_{kind}"
+def _labels(groups: list[Group]) -> list[str]:
+    """TransformerLens' labels of `decompose` groups: ``embed``, ``L0H3``, ``L0N5``, ``0_attn_out``, ``0_mlp_out``."""
+    labels: list[str] = []
+    for g in groups:
+        if g.indexed:
+            letter = {"head": "H", "neuron": "N", "expert": "E"}[g.kind]
+            labels += [f"L{g.layer}{letter}{i}" for i in range(g.parts.shape[0])]
+        else:
+            labels.append(g.kind if g.layer is None else f"{g.layer}_{g.kind}")
+    return labels
 
 
 def _to_resid(
@@ -395,17 +398,16 @@ def get_full_resid_decomposition(
     layer = resolve_layer(layer, model.cfg.n_layers)
     mid = mlp_reads_attn(model, layer, mlp_input)
     acts = _acts(cache, pos_slice, "get_full_resid_decomposition")
-    parts, comps = components(model, acts, layer, mid, heads=True, neurons=expand_neurons)
-    dtype = parts[0].dtype
+    groups = component_groups(model, acts, layer, mid, heads=True, neurons=expand_neurons)
     # TransformerLens' order: heads, then neurons (or MLP outputs), then embeddings, then all biases as one row.
     order = [("head",), ("neuron", "mlp_out"), ("embed", "pos_embed")]
-    picked = [(x.to(dtype), _label(c)) for kinds in order for x, c in zip(parts, comps, strict=True) if c.kind in kinds]
-    bias = torch.zeros_like(parts[0], dtype=dtype)
-    for x, c in zip(parts, comps, strict=True):
-        if c.is_bias:
-            bias = bias + x.to(dtype)
-    stack = torch.stack([x for x, _ in picked] + [bias])
-    labels = [label for _, label in picked] + ["bias"]
+    picked = [g for kinds in order for g in groups if g.kind in kinds]
+    bias = picked[-1].parts.new_zeros(picked[-1].parts.shape)
+    for g in groups:
+        if g.kind in ("attn_bias", "mlp_bias"):
+            bias = bias + g.parts.to(bias.dtype)
+    stack = stack_groups([*picked, Group(bias, "attn_bias")])
+    labels = [*_labels(picked), "bias"]
     if apply_ln:
         stack = cache.apply_ln_to_stack(stack, layer, mlp_input=mlp_input, pos_slice=pos_slice)
     return (stack, labels) if return_labels else stack

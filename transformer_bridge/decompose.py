@@ -8,14 +8,16 @@ a sublayer's output is normalised before the residual add; a norm is linear once
 there a part's contribution is the part (centred for LayerNorm) divided by the *cached* scale times the
 norm's weight, and the norm's bias is one more constant part.
 
-`components` lists these parts, in stream order, from cached activations; `logit_attributions`
-projects a stack of parts, normalised by the final norm's cached scale, on the unembedding direction
-of a token (minus a contrast token's), and `readout_biases` gives the constant terms (the final norm's
-bias read by ``W_U``, ``b_U``) that complete the sum to the logit. The cache's TransformerLens methods
+`components` (stacked; `component_groups` keeps them grouped by source) lists these parts, in stream
+order, from cached activations; `logit_attributions` projects a stack of parts, normalised by the final
+norm's cached scale, on the unembedding direction of a token (minus a contrast token's), and
+`readout_biases` gives the constant terms (the final norm's bias read by ``W_U``, ``b_U``) that complete
+the sum to the logit. The cache's TransformerLens methods
 (`decompose_resid`, `stack_head_results`, `get_full_resid_decomposition`, `logit_attrs`) and the
 ``dla`` relevance method are views of this one decomposition. Everything family-specific comes from the
-adapter (module paths, norm kind, sandwich norms) and the bridge's hook points; a family whose blocks add
-``hook_attn_out`` and ``hook_mlp_out`` to the stream needs nothing here.
+adapter (module paths, norm kind, sandwich norms, experts), the config (a logit multiplier) and the
+bridge's hook points; a family whose blocks add ``hook_attn_out`` and ``hook_mlp_out`` to the stream
+needs nothing here.
 """
 
 from collections.abc import Callable
@@ -189,7 +191,24 @@ def expert_result_name(layer: int) -> str:
     return f"blocks.{layer}.mlp.hook_expert_result"
 
 
-def components(
+@dataclass(frozen=True)
+class Group:
+    """Parts of the stream from one source, stacked on axis 0: a layer's heads (``indexed``: part ``i`` is head
+    ``i``), its neurons or experts, or one part (an MLP output, a bias, the embedding)."""
+
+    parts: Float[Tensor, "part ... d_model"]
+    kind: Kind
+    layer: int | None = None
+    indexed: bool = False
+
+    @property
+    def components(self) -> list[Component]:
+        if not self.indexed:
+            return [Component(self.kind, self.layer)]
+        return [Component(self.kind, self.layer, i) for i in range(self.parts.shape[0])]
+
+
+def component_groups(
     model: Any,
     acts: Activations,
     layer: int,
@@ -199,7 +218,7 @@ def components(
     embeds: bool = True,
     kinds: tuple[Sublayer, ...] = ("attn", "mlp"),
     experts: bool = False,
-) -> tuple[list[Float[Tensor, "... d_model"]], list[Component]]:
+) -> list[Group]:
     """The parts of the residual stream that ``layer`` reads (its MLP's input if ``mlp_input``), in stream order.
 
     ``layer`` is ``0..n_layers`` (``n_layers``: the final norm's input). ``mlp_input`` adds ``layer``'s
@@ -209,53 +228,79 @@ def components(
     ``hook_mlp_out`` whole. ``experts``: a mixture-of-experts block as each expert's weighted output
     (``mlp.hook_expert_result``, zero where a token is not routed to the expert) plus the rest of
     ``hook_mlp_out`` (a shared expert, the post-norm's bias). ``kinds`` limits the blocks' parts to
-    attention or MLP outputs. The parts sum to the residual when everything is included.
+    attention or MLP outputs. The parts sum to the residual when everything is included. Parts stay in
+    groups (a layer's heads are one tensor), so a caller stacks them with one copy (`stack_groups`).
 
     Example:
-        >>> parts, comps = components(model, acts, model.cfg.n_layers, heads=True)
-        >>> torch.stack(parts).sum(0)   # == the final residual stream
+        >>> groups = component_groups(model, acts, model.cfg.n_layers, heads=True)
+        >>> stack_groups(groups).sum(0)   # == the final residual stream
     """
-    found: list[tuple[Tensor, Component]] = []
+    found: list[Group] = []
     if embeds:
         resid0 = acts.get("blocks.0.hook_resid_pre")
         if "hook_pos_embed" in model.hook_dict:
             pos = acts.get("hook_pos_embed").expand_as(resid0)
-            found += [(resid0 - pos, Component("embed")), (pos, Component("pos_embed"))]  # as the stream gets it
+            found += [_one(resid0 - pos, "embed"), _one(pos, "pos_embed")]  # the embedding as it enters
         else:
-            found.append((resid0, Component("embed")))
+            found.append(_one(resid0, "embed"))
     for i in range(layer + mlp_input):
         if "attn" in kinds:
-            found += _attn_parts(model, acts, i, heads)
+            found += _attn_groups(model, acts, i, heads)
         if "mlp" in kinds and i < layer:
-            found += _mlp_parts(model, acts, i, neurons, experts)
-    return [x for x, _ in found], [c for _, c in found]
+            found += _mlp_groups(model, acts, i, neurons, experts)
+    return found
 
 
-Parts = list[tuple[Tensor, Component]]
+def stack_groups(groups: list[Group]) -> Float[Tensor, "component ... d_model"]:
+    """Every part of ``groups`` in one tensor (one copy, in the first group's dtype)."""
+    dtype = groups[0].parts.dtype
+    return torch.cat([g.parts.to(dtype) for g in groups]) if len(groups) > 1 else groups[0].parts
 
 
-def _attn_parts(model: Any, acts: Activations, layer: int, heads: bool) -> Parts:
+def components(
+    model: Any, acts: Activations, layer: int, mlp_input: bool = False, **options: Any
+) -> tuple[Float[Tensor, "component ... d_model"], list[Component]]:
+    """`component_groups` stacked: ``[component, ..., d_model]`` and the components in stream order.
+
+    Example:
+        >>> parts, comps = components(model, acts, model.cfg.n_layers, heads=True)
+        >>> parts.sum(0)   # == the final residual stream
+    """
+    groups = component_groups(model, acts, layer, mlp_input, **options)
+    return stack_groups(groups), [c for g in groups for c in g.components]
+
+
+def _one(x: Tensor, kind: Kind, layer: int | None = None) -> Group:
+    return Group(x[None], kind, layer)
+
+
+def _split(per_part: Tensor, kind: Kind, layer: int) -> Group:
+    """``[..., part, d_model]`` as a group of ``kind`` parts of ``layer``."""
+    return Group(per_part.movedim(-2, 0), kind, layer, indexed=True)
+
+
+def _attn_groups(model: Any, acts: Activations, layer: int, heads: bool) -> list[Group]:
     if not heads:
-        return [(acts.get(f"blocks.{layer}.hook_attn_out"), Component("attn_out", layer))]
+        return [_one(acts.get(f"blocks.{layer}.hook_attn_out"), "attn_out", layer)]
     per_head = head_outputs(model, acts, layer)
-    found = [(x, Component("head", layer, h)) for h, x in enumerate(per_head.unbind(-2))]
     bias = _bias_in_resid(model, acts, layer, "attn", per_head[..., 0, :])
-    return found if bias is None else [*found, (bias, Component("attn_bias", layer))]
+    found = [_split(per_head, "head", layer)]
+    return found if bias is None else [*found, _one(bias, "attn_bias", layer)]
 
 
-def _mlp_parts(model: Any, acts: Activations, layer: int, neurons: bool, experts: bool) -> Parts:
+def _mlp_groups(model: Any, acts: Activations, layer: int, neurons: bool, experts: bool) -> list[Group]:
     moe = has_experts(model, layer)
     if experts and moe:
         out = acts.get(f"blocks.{layer}.hook_mlp_out")
         per_expert = to_resid(model, acts, layer, "mlp", acts.get(expert_result_name(layer)), per_part=True)
-        found = [(x, Component("expert", layer, e)) for e, x in enumerate(per_expert.unbind(-2))]
-        return [*found, (out - per_expert.sum(-2).to(out.dtype), Component("mlp_rest", layer))]
+        rest = out - per_expert.sum(-2).to(out.dtype)
+        return [_split(per_expert, "expert", layer), _one(rest, "mlp_rest", layer)]
     if neurons and not moe:  # a mixture of experts has no single W_out: it stays whole
         per_neuron = neuron_outputs(model, acts, layer)
-        found = [(x, Component("neuron", layer, n)) for n, x in enumerate(per_neuron.unbind(-2))]
         bias = _bias_in_resid(model, acts, layer, "mlp", per_neuron[..., 0, :])
-        return found if bias is None else [*found, (bias, Component("mlp_bias", layer))]
-    return [(acts.get(f"blocks.{layer}.hook_mlp_out"), Component("mlp_out", layer))]
+        found = [_split(per_neuron, "neuron", layer)]
+        return found if bias is None else [*found, _one(bias, "mlp_bias", layer)]
+    return [_one(acts.get(f"blocks.{layer}.hook_mlp_out"), "mlp_out", layer)]
 
 
 # -- the logit read-out -----------------------------------------------------------------------

@@ -87,7 +87,7 @@ def dla(request: Request) -> MethodOutput:
     parts, comps = components(model, acts, model.cfg.n_layers, heads=True, experts=experts)
     ids = torch.tensor([e.token_id for e in explained], device=model.device)
     direction = logit_direction(model, ids, target.contrast).float()
-    scores = logit_attributions(model, torch.stack(parts), direction, at("ln_final.hook_scale"))
+    scores = logit_attributions(model, parts, direction, at("ln_final.hook_scale"))
     bias_rows, bias_labels = readout_biases(model, ids, target.contrast)
     scores = torch.cat([scores, bias_rows.to(scores.device)]).T.contiguous()  # [explained, component]
     labels = [label(c) for c in comps] + bias_labels
