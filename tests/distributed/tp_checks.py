@@ -8,6 +8,8 @@ rank's shard, or an edit written back to the wrong shard, changes the result.
 import torch
 from torch import Tensor
 
+from transformer_bridge import Branch
+
 # (family, config keywords). Distinct sizes; d_mlp 37 does not divide by 2 ranks (shards of 19 and 18).
 FAMILIES = {
     "llama": dict(
@@ -94,6 +96,19 @@ def run_checks(model) -> dict[str, Tensor]:
     out["gen_cache/tokens"] = tokens
     for name in ("blocks.1.attn.hook_pattern", "blocks.1.mlp.hook_pre"):
         out[f"gen_cache/{name}"] = gen_cache[name]
+
+    # A controller (fork, forced tokens, backtrack with fast-forward, a masked sample) steered at a sharded point.
+    script = {(0, 2): [Branch.sample(), Branch.forced([10, 11, 12])], (1, 1): Branch(backtrack=1, ff_tokens=[[20]]),
+              (0, 4): Branch.sample(torch.arange(99) > 40)}  # fmt: skip
+
+    def controller(view):
+        return None if view.backtracked else script.get((view.row, len(view.generated)))
+
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: mix(z))]):
+        controlled = model.generate(pair, max_new_tokens=6, temperature=0, controller=controller, return_dict=True)
+    # Padding is written with the model's pad id, which depends on the tokenizer a loader found: compare real tokens.
+    out["generate_controlled"] = controlled.sequences.masked_fill(controlled.attention_mask == 0, -1)
+    out["generate_controlled_parents"] = torch.tensor(controlled.parents)
 
     # Every relevance method: gradients (LRP rules included) back through every rank or device, and
     # the cache methods over a generation cache.
