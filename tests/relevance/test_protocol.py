@@ -33,6 +33,7 @@ TOY = Method(
         Option("weight", int, 1, "the score given", minimum=0, maximum=9),
         Option("mode", str, "plus", "the sign", choices=("plus", "minus")),
         Option("shift", int, None, "unused; None allowed", optional=True, minimum=1),
+        Option("tag", str, "", "a free-form string"),
     ),
     reads=lambda model, options: [f"blocks.0.hook_resid_{'pre' if options['mode'] == 'plus' else 'post'}"],
 )
@@ -51,10 +52,10 @@ def test_a_registered_method_gets_a_request_with_validated_options(toy):
     explained = explained_from_positions(tokens, mask, [(0, 5), (1, 4)])
     rel = explain(toy, tokens, mask, explained, method="first_column", weight=np.int64(3), mode="minus")
     assert rel.scores[0, 0].item() == -3.0 and rel.scores[1, 2].item() == -3.0 and rel.scores.abs().sum() == 6.0
-    assert method_options("first_column") == ["weight", "mode", "shift"]
+    assert method_options("first_column") == ["weight", "mode", "shift", "tag"]
     assert relevance_hooks(toy, "first_column") == ["blocks.0.hook_resid_pre"]
     assert relevance_hooks(toy, "first_column", mode="minus") == ["blocks.0.hook_resid_post"]
-    assert TOY.resolve({"weight": 2}) == {"weight": 2, "mode": "plus", "shift": None}
+    assert TOY.resolve({"weight": 2}) == {"weight": 2, "mode": "plus", "shift": None, "tag": ""}
 
 
 @pytest.mark.parametrize(
@@ -65,6 +66,7 @@ def test_a_registered_method_gets_a_request_with_validated_options(toy):
         ({"weight": 1.0}, TypeError, r"`weight` must be an int in \[0, 9\], got 1\.0"),
         ({"mode": "times"}, ValueError, r"`mode`='times' is not valid for method 'first_column'.*\('plus', 'minus'\)"),
         ({"shift": 0}, ValueError, r"`shift` must be an int >= 1, got 0"),
+        ({"tag": 3}, TypeError, r"`tag` must be a string \(a free-form string\), got 3"),
     ],
 )
 def test_errors_come_from_the_declaration(toy, options, error, pattern):

@@ -28,7 +28,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..cache import ActivationCache
-from ..checks import check_bool, check_int, describe, did_you_mean
+from ..checks import ArgumentTypeError, check_bool, check_int, describe, did_you_mean
 from ..core import BridgeCore
 from .result import MethodOutput
 from .targets import ExplainedToken, Target
@@ -47,7 +47,7 @@ class Option:
         type: ``int``, ``bool`` or ``str`` (checked here, with ``minimum``/``maximum`` or ``choices``), or any
             other type whose values ``check`` validates.
         default: the value when the option is not given.
-        doc: one line for `method_options` and the docs.
+        doc: one line saying what it does (the docs' methods table names every option; a test checks).
         minimum, maximum: the valid range of an ``int`` option.
         choices: the valid values of a ``str`` option.
         optional: ``None`` is also accepted (it means "the default behaviour", e.g. no chunking).
@@ -83,6 +83,8 @@ class Option:
             raise ValueError(
                 f"`{self.name}`={describe(value)} is not valid for method {method!r}; use one of {self.choices}."
             )
+        if self.type is str and not isinstance(value, str):
+            raise ArgumentTypeError(f"`{self.name}` must be a string ({self.doc}), got {describe(value)}.")
         return value if self.check is None or model is None else self.check(value, model, tokens)
 
 
