@@ -6,6 +6,7 @@ tokens, as often as wanted, without regenerating. ``model.relevance(run_or_cache
 same in one call. Methods (see `METHODS`): ``attnlrp`` (default), ``cp_lrp``, ``grad_x_input``,
 ``integrated_gradients``, ``grad_norm``, ``attention``, ``random``, ``dla``, ``logit_lens``,
 ``attribution_patching``. Everything runs through the bridge's hook points; no model code is changed.
+Every method is one function over a `Request`, registered as a `Method` with its `Option`s declared once.
 """
 
 from collections.abc import Sequence
@@ -22,7 +23,8 @@ from ..generation import generate
 from .cache_access import MissingHookError
 from .methods import METHODS, explain, get_method, method_options, relevance_hooks
 from .patching import attribution_patching
-from .result import Relevance, StepRelevance
+from .protocol import Method, Option, Request
+from .result import MethodOutput, Relevance, StepRelevance
 from .run import ClearedRunError, RelevanceRun
 from .targets import ExplainedToken, Target, explained_from_positions
 
@@ -154,9 +156,13 @@ __all__ = [
     "METHODS",
     "ClearedRunError",
     "ExplainedToken",
+    "Method",
+    "MethodOutput",
     "MissingHookError",
+    "Option",
     "Relevance",
     "RelevanceRun",
+    "Request",
     "StepRelevance",
     "Target",
     "attribution_patching",
