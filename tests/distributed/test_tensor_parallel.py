@@ -19,6 +19,7 @@ from tp_checks import FAMILIES, run_checks, save_tiny
 from transformers import AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge
+from transformer_bridge.distributed.tensor_parallel import check_tp_plan
 
 pytest.importorskip("accelerate")  # HF's tensor-parallel loading needs it
 if not torch.distributed.is_available():
@@ -31,6 +32,7 @@ TOL = 1e-5  # measured: ≤ 7.2e-7 (the all-reduce sums the halves of each row-w
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, list[dict]]]:
+    """``family -> (one-process results, [rank 0 results, rank 1 results])``, and ``"plan"`` for the refused plan."""
     root = tmp_path_factory.mktemp("tp")
     for family in FAMILIES:
         save_tiny(family, str(root / family))
@@ -45,6 +47,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, list
         single = TransformerBridge(AutoModelForCausalLM.from_pretrained(root / family, dtype=torch.float32).eval())
         ranks = [torch.load(root / f"{family}.rank{r}.pt") for r in range(RANKS)]
         results[family] = (run_checks(single), ranks)
+    results["plan"] = ({}, [torch.load(root / f"plan.rank{r}.pt") for r in range(RANKS)])
     return results
 
 
@@ -101,3 +104,28 @@ def test_local_shards_opt_in(runs, family: str) -> None:
         whole = got["local/blocks.0.hook_resid_post"]  # residual points are whole on every rank
         assert torch.allclose(whole, expected["cache/blocks.0.hook_resid_post"], atol=TOL, rtol=0)
     assert len(covered) == 3 * RANKS
+
+
+def test_unsupported_plan_is_refused_on_every_rank(runs) -> None:
+    """Loading with a sequence-parallel rule (the residual stream split by position) raises on both ranks."""
+    _, ranks = runs["plan"]
+    assert [got["refused_sequence_parallel"].item() for got in ranks] == [1] * RANKS
+
+
+@pytest.mark.parametrize(
+    ("plan", "ok"),
+    [
+        ({"layers.*.self_attn.q_proj": "colwise", "layers.*.mlp.down_proj": "rowwise", "lm_head": "colwise_rep"},
+         True),
+        ({"layers.*.self_attn.qkv_proj": "colwise_gather_output", "layers.*.self_attn.o_proj": "rowwise_split_input"},
+         True),
+        ({"norm": "sequence_parallel"}, False),
+        ({"layers.*.mlp.experts": "moe_tp_experts"}, False),
+    ],
+)  # fmt: skip
+def test_check_tp_plan(plan: dict, ok: bool) -> None:
+    if ok:
+        check_tp_plan(plan)
+    else:
+        with pytest.raises(NotImplementedError, match=next(iter(plan.values()))):
+            check_tp_plan(plan)

@@ -24,6 +24,15 @@ def main(root: str, out_dir: str, families: list[str]) -> None:
         rank = dist.get_rank()
         torch.save({k: v.detach().cpu() for k, v in results.items()}, os.path.join(out_dir, f"{family}.rank{rank}.pt"))
         dist.barrier()
+    # A plan that splits the residual stream by position (sequence parallelism) is refused, not shown in shards.
+    refused = torch.tensor(0)
+    try:
+        TransformerBridge.from_pretrained(
+            os.path.join(root, families[0]), dtype=torch.float32, tp_plan={"model.norm": "sequence_parallel"}
+        )
+    except NotImplementedError as e:
+        refused = torch.tensor(int("sequence_parallel" in str(e)))
+    torch.save({"refused_sequence_parallel": refused}, os.path.join(out_dir, f"plan.rank{dist.get_rank()}.pt"))
     dist.destroy_process_group()
 
 

@@ -13,7 +13,7 @@ rank only would wait forever for the others.
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -23,8 +23,8 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from ..hook_points import HookPoint, HookRegistry
 
-__all__ = ["SHARDED_AXES", "ShardSpec", "attach_shard_specs", "local_shards", "o_proj_weight", "sum_over_ranks",
-           "tp_mesh"]  # fmt: skip
+__all__ = ["SHARDED_AXES", "SUPPORTED_STYLES", "ShardSpec", "attach_shard_specs", "check_tp_plan", "local_shards",
+           "o_proj_weight", "sum_over_ranks", "tp_mesh"]  # fmt: skip
 
 # Points that a tensor-parallel plan can split: suffix -> (axis of the tensor the hook sees, size
 # attribute of `BridgeConfig`). Heads for attention, neurons for the MLP.
@@ -103,8 +103,35 @@ class ShardSpec:
         return tensor if out is full else self.scatter(out, tensor)
 
 
+# HF tensor-parallel styles whose outputs are either whole or split along the axes of `SHARDED_AXES`.
+# Others split what the bridge shows whole (sequence parallelism splits the residual stream by position,
+# expert styles split a mixture's experts): refused rather than shown as shards.
+SUPPORTED_STYLES = frozenset({
+    "colwise", "rowwise", "colwise_gather_output", "colwise_rep", "rowwise_split_input", "rowwise_rep",
+    "embedding_rowwise", "embedding_colwise", "replicated_with_grad_allreduce", "replicate",
+})  # fmt: skip
+
+
+def check_tp_plan(plan: Mapping[str, str]) -> None:
+    """Raise `NotImplementedError` when a tensor-parallel ``plan`` uses a style the bridge cannot show whole.
+
+    Example:
+        >>> check_tp_plan({"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise"})
+    """
+    unknown = {name: style for name, style in plan.items() if style not in SUPPORTED_STYLES}
+    if unknown:
+        raise NotImplementedError(
+            f"The tensor-parallel plan uses {sorted(set(unknown.values()))} (on {sorted(unknown)[:4]}); the bridge "
+            f"gathers hook points only for the styles {sorted(SUPPORTED_STYLES)}, and would otherwise show "
+            "shards as if they were whole activations. Load with a plan of those styles (`tp_plan=` a dict), or "
+            "without tensor parallelism (`device_map=` splits layers across devices instead)."
+        )
+
+
 def tp_mesh(model: nn.Module) -> DeviceMesh | None:
     """The device mesh of ``model``'s first sharded parameter, or None when nothing is sharded.
+
+    Raises `NotImplementedError` when ``model.tp_plan`` uses styles the bridge cannot gather (`check_tp_plan`).
 
     Example:
         >>> import torch
@@ -113,6 +140,7 @@ def tp_mesh(model: nn.Module) -> DeviceMesh | None:
     """
     for p in model.parameters():
         if isinstance(p, DTensor) and any(isinstance(pl, Shard) for pl in p.placements):
+            check_tp_plan(getattr(model, "tp_plan", None) or {})
             return p.device_mesh
     return None
 
