@@ -40,7 +40,7 @@ def prefill(
 ) -> Float[Tensor, "batch d_vocab"]:
     """Run the prompt (filling ``cache``); return the logits for the first new token."""
     real = mask.bool()
-    ctx = HookContext("prefill", 0, positions, ~real, torch.zeros_like(real))
+    ctx = HookContext("prefill", 0, positions, ~real, torch.zeros_like(real), "prompt")
     return _last_logits(model, tokens, mask if padded else None, ctx, cache, positions)
 
 
@@ -54,7 +54,7 @@ def decode_one_token(
     step: int,
 ) -> Float[Tensor, "batch d_vocab"]:
     """Feed one token per row through the KV cache; ``mask`` covers cached + new positions."""
-    ctx = HookContext("decode", step, position, ~real, real)
+    ctx = HookContext("decode", step, position, ~real, real, "sampled")
     return _last_logits(model, token, mask, ctx, cache, position)
 
 
@@ -71,7 +71,7 @@ def decode_full(
     real = mask.bool()
     generated = real.clone()
     generated[:, :prompt_width] = False
-    ctx = HookContext("decode", step, positions, ~real, generated)
+    ctx = HookContext("decode", step, positions, ~real, generated, "recompute")
     return _last_logits(model, tokens, mask if padded else None, ctx, None, positions)
 
 

@@ -132,14 +132,21 @@ class Engine:
         mask = torch.cat([self.real, new], dim=1)
         padded = not bool(mask.all())
         last_column = left or all(r.pending == width for r in rows)
+        # Unembed only the columns some row ends at (HF takes a tensor of positions): [batch, few, d_vocab].
+        ends = torch.tensor([r.column + r.pending - 1 for r in rows])
+        columns, which = torch.unique(ends, return_inverse=True)
+        keep = 0 if all_logits else 1 if last_column else columns.to(self.device)
         out = self.model.run_model(
             chunk, mask.long() if padded else None, ctx, past_key_values=self.kv.cache, position_ids=positions,
-            logits_to_keep=1 if last_column and not all_logits else 0,
+            logits_to_keep=keep,
         )  # fmt: skip
         self.forwards += 1
         self.real = mask
-        ends = torch.tensor([r.column + r.pending - 1 for r in rows], device=self.device)
-        logits = out.logits[:, -1] if last_column else out.logits[torch.arange(len(rows), device=self.device), ends]
+        if last_column:
+            logits = out.logits[:, -1]
+        else:
+            picked = ends if all_logits else which
+            logits = out.logits[torch.arange(len(rows), device=self.device), picked.to(self.device)]
         for r in rows:
             if self.use_cache:
                 r.fresh = r.pending

@@ -20,6 +20,7 @@ Example:
 
 import json
 import re
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -49,16 +50,20 @@ class Grammar:
     """A controller that keeps a row inside an llguidance grammar (see the module docstring).
 
     Build one with `json_schema`, `regex`, `lark` or `choice`. ``bind(model)`` (called by `generate`)
-    attaches the model's tokenizer; ``fork()`` copies the matcher for another row.
+    attaches the model's tokenizer; ``fork()`` copies the matcher for another row. With
+    ``fast_forward=False`` forced tokens are sampled one per forward under the mask instead (the
+    baseline the benchmark compares with).
     """
 
-    def __init__(self, grammar: str, source: str) -> None:
-        self.grammar, self.source = grammar, source
+    def __init__(self, grammar: str, source: str, fast_forward: bool = True) -> None:
+        self.grammar, self.source, self.fast_forward = grammar, source, fast_forward
         self.matcher: Any = None
         self.tokens: list[int] = []  # what the matcher has consumed: the row's generated tokens
         self.d_vocab = 0
         self.pending: Future | None = None
-        self.seconds = 0.0  # time spent in `mid_process` waiting for / computing masks
+        # Seconds spent deciding (forced tokens or mask, in the worker or not) and blocking the loop
+        # (`appended` + `mid_process`); shared by every copy bound or forked from this grammar.
+        self.stats = {"decide_s": 0.0, "blocking_s": 0.0, "steps": 0}
 
     def __repr__(self) -> str:
         return f"Grammar({self.source})"
@@ -68,7 +73,8 @@ class Grammar:
         tokenizer = model.tokenizer
         if tokenizer is None:
             raise ValueError("A grammar needs the model's tokenizer, and this bridge has none.")
-        out = Grammar(self.grammar, self.source)
+        out = Grammar(self.grammar, self.source, self.fast_forward)
+        out.stats = self.stats
         out.matcher = llguidance.LLMatcher(_ll_tokenizer(tokenizer), self.grammar, log_level=0)
         if out.matcher.is_error():
             raise GrammarError(f"{self.source} is not a valid grammar: {out.matcher.get_error()}")
@@ -77,7 +83,8 @@ class Grammar:
 
     def fork(self) -> "Grammar":
         self._join()  # the matcher must not be copied while the worker reads it
-        out = Grammar(self.grammar, self.source)
+        out = Grammar(self.grammar, self.source, self.fast_forward)
+        out.stats = self.stats
         out.matcher = None if self.matcher is None else self.matcher.deep_copy()
         out.tokens, out.d_vocab = list(self.tokens), self.d_vocab
         return out
@@ -85,17 +92,22 @@ class Grammar:
     def appended(self, generated: list[int]) -> None:
         """The engine appended tokens to the row: follow them, and start the next step's decision (forced
         tokens or mask) in a worker thread while the forward runs."""
+        start = time.perf_counter()
         self._join()
         self._follow(generated)
         self.pending = _WORKER.submit(self._next)
+        self.stats["blocking_s"] += time.perf_counter() - start
 
     def mid_process(self, view: View) -> list[Branch]:
         if self.matcher is None:
             raise ValueError("This grammar is not bound to a model: pass it to `generate(..., controller=g)`.")
+        start = time.perf_counter()
         decided = self._join()
         if self._follow(view.generated) or decided is None:
             decided = self._next()
         forced, mask = decided
+        self.stats["blocking_s"] += time.perf_counter() - start
+        self.stats["steps"] += 1
         if self.matcher.is_error():
             raise GrammarError(f"The row left the grammar ({self.source}): {self.matcher.get_error()}")
         if forced is None and mask is None:
@@ -108,11 +120,14 @@ class Grammar:
 
     def _next(self) -> tuple[list[int] | None, Tensor | None]:
         """(forced tokens, None), (None, allowed mask), or (None, None) once the grammar is complete."""
+        start = time.perf_counter()
         m = self.matcher
         if m.is_stopped() or m.is_error():
             return None, None
-        forced = m.compute_ff_tokens()
-        return (forced, None) if forced else (None, self._mask())
+        forced = m.compute_ff_tokens() if self.fast_forward else None
+        decided = (forced, None) if forced else (None, self._mask())
+        self.stats["decide_s"] += time.perf_counter() - start
+        return decided
 
     def _follow(self, generated: list[int]) -> bool:
         """Roll back / consume so the matcher has consumed exactly ``generated``; whether it changed."""
@@ -139,7 +154,7 @@ class Grammar:
         return allowed
 
 
-def json_schema(schema: Mapping[str, Any] | str) -> Grammar:
+def json_schema(schema: Mapping[str, Any] | str, fast_forward: bool = True) -> Grammar:
     """Output one JSON value that validates against ``schema`` (a dict or its JSON text).
 
     Example:
@@ -155,10 +170,10 @@ def json_schema(schema: Mapping[str, Any] | str) -> Grammar:
         )
     except ValueError as e:
         raise GrammarError(f"`schema` is not valid JSON: {e}") from e
-    return _checked(grammar, "json_schema", "schema")
+    return _checked(grammar, "json_schema", "schema", fast_forward)
 
 
-def regex(pattern: str) -> Grammar:
+def regex(pattern: str, fast_forward: bool = True) -> Grammar:
     """Output text matching ``pattern`` (whole).
 
     Example:
@@ -167,10 +182,10 @@ def regex(pattern: str) -> Grammar:
     _require()
     if not isinstance(pattern, str):
         raise ArgumentTypeError(f"`pattern` must be a str, got {describe(pattern)}.")
-    return _checked(llguidance.LLMatcher.grammar_from_regex(pattern), f"regex({pattern!r})", "pattern")
+    return _checked(llguidance.LLMatcher.grammar_from_regex(pattern), f"regex({pattern!r})", "pattern", fast_forward)
 
 
-def lark(text: str) -> Grammar:
+def lark(text: str, fast_forward: bool = True) -> Grammar:
     """Output text of a Lark grammar (llguidance's dialect; the start rule is ``start``).
 
     Example:
@@ -179,10 +194,10 @@ def lark(text: str) -> Grammar:
     _require()
     if not isinstance(text, str):
         raise ArgumentTypeError(f"`text` must be a Lark grammar as a str, got {describe(text)}.")
-    return _checked(llguidance.LLMatcher.grammar_from_lark(text), "lark(...)", "text")
+    return _checked(llguidance.LLMatcher.grammar_from_lark(text), "lark(...)", "text", fast_forward)
 
 
-def choice(options: Sequence[str]) -> Grammar:
+def choice(options: Sequence[str], fast_forward: bool = True) -> Grammar:
     """Output exactly one of ``options``.
 
     Example:
@@ -194,14 +209,17 @@ def choice(options: Sequence[str]) -> Grammar:
     if not options or not all(options):
         raise ValueError(f"`options` must be a non-empty list of non-empty strings, got {list(options)!r}.")
     pattern = "|".join(re.escape(o) for o in options)
-    return _checked(llguidance.LLMatcher.grammar_from_regex(f"({pattern})"), f"choice({list(options)!r})", "options")
+    source = f"choice({list(options)!r})"
+    return _checked(llguidance.LLMatcher.grammar_from_regex(f"({pattern})"), source, "options", fast_forward)
 
 
-def _checked(grammar: str, source: str, param: str) -> Grammar:
+def _checked(grammar: str, source: str, param: str, fast_forward: bool) -> Grammar:
+    if not isinstance(fast_forward, bool):
+        raise ArgumentTypeError(f"`fast_forward` must be True or False, got {describe(fast_forward)}.")
     error = llguidance.LLMatcher.validate_grammar(grammar)
     if error:
         raise GrammarError(f"`{param}` is not a valid grammar ({source}): {error.strip()}")
-    return Grammar(grammar, source)
+    return Grammar(grammar, source, fast_forward)
 
 
 def _require() -> None:
