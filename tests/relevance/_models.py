@@ -1,15 +1,30 @@
 """Tiny seeded models (the lead's conftest fixtures) and helpers that build relevance runs from them."""
 
+import pytest
 import torch
-from conftest import FAMILIES, V, make_bridge
+from conftest import CONFIGS, FAMILIES, V, make_bridge, make_hf
 
+from transformer_bridge.adapters import adapter_for
 from transformer_bridge.relevance import RelevanceRun
 
 __all__ = ["BIAS_FREE", "FAMILIES", "V", "make_bridge", "padded_pair", "random_tokens", "tiny_run"]
 
-# Families whose linear maps have no bias (so cp_lrp must conserve exactly); Gemma 2's soft-caps
-# are handled by the identity rule and its sandwich norms by constant ratios.
-BIAS_FREE = ["llama", "mistral", "qwen3", "phi3", "gemma2"]
+
+def _bias_free(family: str) -> bool:
+    """No bias anywhere in the model (so cp_lrp must conserve exactly). Soft-caps are handled by the identity
+    rule and sandwich norms by constant ratios, so they do not count."""
+    return not any(name.endswith("bias") for name, _ in make_hf(family).named_parameters())
+
+
+def _conservation_case(family: str):
+    if adapter_for(CONFIGS[family]().model_type).moe is None:
+        return family
+    # The router's top-k weights multiply the experts' outputs: relevance through that product is not yet
+    # conserved (issue #12 item 2: the router is to be held constant, as the norm scale).
+    return pytest.param(family, marks=pytest.mark.xfail(reason="cp_lrp through a mixture-of-experts router"))
+
+
+BIAS_FREE = [_conservation_case(f) for f in FAMILIES if _bias_free(f)]
 
 
 def random_tokens(batch: int = 1, pos: int = 10, seed: int = 1) -> torch.Tensor:
