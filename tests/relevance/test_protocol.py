@@ -116,3 +116,15 @@ def test_the_docs_name_every_declared_option():
         assert f"| `{name}`" in page, name
         for option in method.options:
             assert f"`{option.name}" in page, (name, option.name)
+
+
+def test_a_family_without_the_points_a_method_reads_fails_clearly(monkeypatch):
+    """No cache can hold points a family does not have: both entry points say so (not "request them")."""
+    absent = Method("absent", first_column, "reads a point no family has", reads=lambda m, o: ["blocks.0.hook_nope"])
+    monkeypatch.setitem(METHODS, absent.name, absent)
+    model = make_bridge("llama")
+    run = tiny_run(model, random_tokens(1, 6), prompt_width=4)
+    for call in (lambda: relevance_hooks(model, "absent"), lambda: run.relevance_pass(method="absent")):
+        with pytest.raises(ValueError, match=r"'absent' reads hook points that this 'llama' model does not have: "
+                                             r"\['blocks\.0\.hook_nope'\].*'attnlrp'"):  # fmt: skip
+            call()

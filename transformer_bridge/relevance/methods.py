@@ -53,14 +53,14 @@ def relevance_hooks(model: BridgeCore, method: str, **method_kwargs: Any) -> lis
     """Hook points ``method`` reads from the cache; pass them as ``names_filter`` when generating.
 
     Methods that recompute a forward (the LRP and gradient methods) read nothing and return ``[]``.
-    The options are checked as `explain` checks them (those that need the sequences excepted).
+    The options are checked as `explain` checks them (those that need the sequences excepted); a family
+    without the points (e.g. no ``hook_pattern``) raises `ValueError`.
 
     Example:
         >>> run = model.forward_pass("Hi", max_new_tokens=4, names_filter=relevance_hooks(model, "dla"))
     """
     spec = get_method(method)
-    options = spec.resolve(method_kwargs, model)
-    return [] if spec.reads is None else spec.reads(model, options)
+    return spec.hook_points(model, spec.resolve(method_kwargs, model))
 
 
 def method_options(name: str) -> list[str]:
@@ -102,6 +102,7 @@ def explain(
     tokens = tokens.to(model.device)
     mask = torch.ones_like(tokens) if attention_mask is None else attention_mask.to(model.device).long()
     options = spec.resolve(method_kwargs, model, tokens)
+    spec.hook_points(model, options)  # a family without the points a cache method reads fails here, clearly
     request = Request(model, tokens, mask, tuple(explained), spec_target, cache, options)
     start = time.perf_counter()
     out = spec.fn(request)

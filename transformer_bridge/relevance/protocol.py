@@ -106,6 +106,21 @@ class Method:
     def __post_init__(self) -> None:
         object.__setattr__(self, "option_names", tuple(o.name for o in self.options))
 
+    def hook_points(self, model: BridgeCore, options: Mapping[str, Any]) -> list[str]:
+        """The hook points this method reads for validated ``options`` (``[]`` for forward methods); a
+        `ValueError` when the model's family has not got them all (e.g. no ``hook_pattern`` where the HF
+        module computes attention itself), since no cache could then hold them."""
+        names = [] if self.reads is None else self.reads(model, options)
+        absent = [name for name in names if name not in model.hook_dict]
+        if absent:
+            shown = absent if len(absent) <= 4 else [*absent[:4], f"… ({len(absent)} in all)"]
+            raise ValueError(
+                f"Method {self.name!r} reads hook points that this {model.cfg.model_type!r} model does not have: "
+                f"{shown} (`model.hook_dict` lists the ones it has). Use a method that recomputes a forward "
+                "instead (e.g. 'attnlrp')."
+            )
+        return names
+
     def check_names(self, given: Mapping[str, Any]) -> None:
         """`TypeError` naming the first unknown option and the closest declared one, if any is unknown."""
         unknown = [k for k in given if k not in self.option_names]
