@@ -39,7 +39,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, list
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
                str(HERE / "tp_worker.py"), str(root), str(root), ",".join(FAMILIES)]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         pytest.fail(f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
     results = {}

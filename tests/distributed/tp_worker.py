@@ -1,4 +1,4 @@
-"""Run under `torchrun --nproc-per-node 2`: load each tiny model with `tp_plan="auto"`, run the checks,
+"""Run under `torchrun --nproc-per-node 2`: load each tiny model tensor-parallel, run the checks,
 save this rank's results to ``<out_dir>/<family>.rank<r>.pt``. Started by `test_tensor_parallel.py`."""
 
 import os
@@ -7,6 +7,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
+from transformers import DistributedConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tp_checks import run_checks, run_local_checks
@@ -18,8 +19,11 @@ warnings.filterwarnings("ignore", category=FutureWarning)  # `tp_plan=` is HF's 
 
 def main(root: str, out_dir: str, families: list[str]) -> None:
     torch.manual_seed(0)
-    for family in families:
-        model = TransformerBridge.from_pretrained(os.path.join(root, family), dtype=torch.float32, tp_plan="auto")
+    for i, family in enumerate(families):
+        # Both spellings: HF's older `tp_plan="auto"` and its `DistributedConfig`.
+        config = DistributedConfig(tp_size=int(os.environ["WORLD_SIZE"]))
+        how = {"tp_plan": "auto"} if i == 0 else {"distributed_config": config}
+        model = TransformerBridge.from_pretrained(os.path.join(root, family), dtype=torch.float32, **how)
         results = {**run_checks(model), **run_local_checks(model)}
         rank = dist.get_rank()
         torch.save({k: v.detach().cpu() for k, v in results.items()}, os.path.join(out_dir, f"{family}.rank{rank}.pt"))
