@@ -129,3 +129,9 @@ def test_check_tp_plan(plan: dict, ok: bool) -> None:
     else:
         with pytest.raises(NotImplementedError, match=next(iter(plan.values()))):
             check_tp_plan(plan)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_no_hooks_is_hf_tensor_parallel_bitwise(runs, family: str) -> None:
+    _, ranks = runs[family]
+    assert [bool(got["bitwise_hf"]) for got in ranks] == [True] * RANKS

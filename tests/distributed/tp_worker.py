@@ -10,7 +10,7 @@ import torch.distributed as dist
 from transformers import DistributedConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tp_checks import run_checks, run_local_checks
+from tp_checks import TOKENS, run_checks, run_local_checks
 
 from transformer_bridge import TransformerBridge
 
@@ -25,6 +25,8 @@ def main(root: str, out_dir: str, families: list[str]) -> None:
         how = {"tp_plan": "auto"} if i == 0 else {"distributed_config": config}
         model = TransformerBridge.from_pretrained(os.path.join(root, family), dtype=torch.float32, **how)
         results = {**run_checks(model), **run_local_checks(model)}
+        with torch.no_grad():  # no hooks: the bridge runs HF's own tensor-parallel code
+            results["bitwise_hf"] = torch.tensor(torch.equal(model(TOKENS), model.hf_model(TOKENS).logits))
         rank = dist.get_rank()
         torch.save({k: v.detach().cpu() for k, v in results.items()}, os.path.join(out_dir, f"{family}.rank{rank}.pt"))
         dist.barrier()
