@@ -82,6 +82,9 @@ CONFIGS = {
     "olmo3": lambda: _auto("olmo3", sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
     "exaone4": lambda: _auto("exaone4", sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
     "gpt_bigcode": lambda: GPTBigCodeConfig(**_COMMON, n_embd=D, n_inner=M, n_layer=L, n_head=H, n_positions=128),
+    # Multipliers far from 1 so a missing one fails loudly.
+    "granite": lambda: _auto("granite", embedding_multiplier=3.0, residual_multiplier=2.0, attention_multiplier=0.5,
+                             logits_scaling=0.5),
     "gpt_neo": lambda: GPTNeoConfig(**_COMMON, hidden_size=D, intermediate_size=M, num_layers=L, num_heads=H,
                                     attention_types=[[["local", "global"], 1]], window_size=4,
                                     max_position_embeddings=128),

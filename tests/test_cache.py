@@ -154,8 +154,9 @@ def test_stack_head_results_and_apply_ln(bridge, full_cache):
     heads, labels = cache.stack_head_results(return_labels=True)
     assert heads.shape == (bridge.cfg.n_layers * bridge.cfg.n_heads, *TOKENS.shape, bridge.cfg.d_model)
     assert labels[:2] == ["L0H0", "L0H1"]
-    if not bridge.adapter.sandwich:
-        torch.testing.assert_close(heads[:4].sum(0), cache["result", 0].sum(-2))
+    if not bridge.adapter.sandwich:  # times Granite's residual_multiplier (1 elsewhere)
+        r = bridge.adapter.residual_scale(bridge.hf_model.config)
+        torch.testing.assert_close(heads[:4].sum(0), cache["result", 0].sum(-2) * r)
     else:  # Gemma 2: each head goes through the post-attention norm at its cached scale
         torch.testing.assert_close(heads[:4].sum(0), cache["attn_out", 0], atol=1e-5, rtol=1e-5)
     normed = cache.decompose_resid(apply_ln=True)

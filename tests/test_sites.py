@@ -135,7 +135,11 @@ def test_resid_mid_edit_equals_attn_out_edit(model):
         pytest.skip("parallel attention and MLP have no resid_mid")
     delta = torch.linspace(-1, 1, model.cfg.d_model)
     add = lambda x, hook: x + delta  # noqa: E731
-    _close(_hooked(model, f"blocks.{LAYER}.hook_resid_mid", add), _hooked(model, f"blocks.{LAYER}.hook_attn_out", add))
+    r = model.adapter.residual_scale(model.hf_model.config)  # Granite: resid_mid = resid_pre + r * attn_out
+    add_r = lambda x, hook: x + delta / r  # noqa: E731
+    _close(
+        _hooked(model, f"blocks.{LAYER}.hook_resid_mid", add), _hooked(model, f"blocks.{LAYER}.hook_attn_out", add_r)
+    )
 
 
 def test_resid_mid_value(model):
@@ -143,7 +147,10 @@ def test_resid_mid_value(model):
         pytest.skip("parallel attention and MLP have no resid_mid")
     _, cache = model.run_with_cache(TOKENS)
     mid = cache["resid_mid", LAYER]
-    assert torch.equal(mid, cache["resid_pre", LAYER] + cache["attn_out", LAYER])
+    r = model.adapter.residual_scale(model.hf_model.config)  # Granite's residual_multiplier
+    assert torch.equal(
+        mid, cache["resid_pre", LAYER] + (cache["attn_out", LAYER] * r if r != 1 else cache["attn_out", LAYER])
+    )
     ln2_in = {}
     # What reads resid_mid: the norm before the MLP, or the MLP itself where there is none (OLMo 2).
     reader = model.adapter.ln2 if f"blocks.{LAYER}.ln2.hook_scale" in model.hook_dict else model.adapter.mlp_in

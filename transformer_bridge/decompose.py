@@ -134,10 +134,12 @@ def to_resid(
     """What ``x``, a part of ``layer``'s attention or MLP output, adds to the residual stream.
 
     The identity, except behind a sandwich norm: there ``x`` (centred for LayerNorm) ``/ scale * γ`` at the
-    cached scale. ``per_part``: ``x`` has a head or neuron axis before ``d_model``.
+    cached scale; times Granite's ``residual_multiplier``. ``per_part``: ``x`` has a head or neuron axis before
+    ``d_model``.
     """
     if not model.adapter.sandwich:
-        return x
+        multiplier = model.adapter.residual_scale(model.hf_model.config)  # Granite's residual_multiplier
+        return x if multiplier == 1.0 else x * multiplier
     scale = acts.get(post_norm_scale_name(layer, which))
     scale = scale[..., None, :] if per_part else scale
     if model.adapter.norm == "layernorm":
@@ -281,7 +283,7 @@ def _split(per_part: Tensor, kind: Kind, layer: int) -> Group:
 
 def _attn_groups(model: Any, acts: Activations, layer: int, heads: bool) -> list[Group]:
     if not heads:
-        return [_one(acts.get(f"blocks.{layer}.hook_attn_out"), "attn_out", layer)]
+        return [_one(_added(model, acts.get(f"blocks.{layer}.hook_attn_out")), "attn_out", layer)]
     per_head = head_outputs(model, acts, layer)
     bias = _bias_in_resid(model, acts, layer, "attn", per_head[..., 0, :])
     found = [_split(per_head, "head", layer)]
@@ -291,7 +293,7 @@ def _attn_groups(model: Any, acts: Activations, layer: int, heads: bool) -> list
 def _mlp_groups(model: Any, acts: Activations, layer: int, neurons: bool, experts: bool) -> list[Group]:
     moe = has_experts(model, layer)
     if experts and moe:
-        out = acts.get(f"blocks.{layer}.hook_mlp_out")
+        out = _added(model, acts.get(f"blocks.{layer}.hook_mlp_out"))
         per_expert = to_resid(model, acts, layer, "mlp", acts.get(expert_result_name(layer)), per_part=True)
         rest = out - per_expert.sum(-2).to(out.dtype)
         return [_split(per_expert, "expert", layer), _one(rest, "mlp_rest", layer)]
@@ -300,7 +302,14 @@ def _mlp_groups(model: Any, acts: Activations, layer: int, neurons: bool, expert
         bias = _bias_in_resid(model, acts, layer, "mlp", per_neuron[..., 0, :])
         found = [_split(per_neuron, "neuron", layer)]
         return found if bias is None else [*found, _one(bias, "mlp_bias", layer)]
-    return [_one(acts.get(f"blocks.{layer}.hook_mlp_out"), "mlp_out", layer)]
+    return [_one(_added(model, acts.get(f"blocks.{layer}.hook_mlp_out")), "mlp_out", layer)]
+
+
+def _added(model: Any, out: Tensor) -> Tensor:
+    """What a sublayer output (``hook_attn_out`` / ``hook_mlp_out``) adds to the stream: itself, but for
+    Granite's ``residual_multiplier``."""
+    multiplier = model.adapter.residual_scale(model.hf_model.config)
+    return out if multiplier == 1.0 else out * multiplier
 
 
 # -- the logit read-out -----------------------------------------------------------------------

@@ -358,7 +358,7 @@ def build_sites(
         add(p + "attn.hook_result", site(o_proj, "post", head_results(n_heads, d_head, o_proj, adapter.conv1d)))
 
         attn_out_site = site(m(adapter.attn_out), "post", identity)
-        attn_out_site.process = _attn_out_and_mid(attn_out_site, stash, layer)
+        attn_out_site.process = _attn_out_and_mid(attn_out_site, stash, layer, adapter.residual_scale(model.config))
         if adapter.sandwich:
             attn_out_site.process = _after_norm(
                 attn_out_site, norm(adapter.norm, m(adapter.attn_out)), attn_out_site.process
@@ -441,11 +441,12 @@ def _after_norm(site: Site, norm_process: Callable, then: Callable) -> Callable:
     return process
 
 
-def _attn_out_and_mid(site: Site, stash: dict[int, Tensor], layer: int) -> Callable:
-    """``hook_attn_out``, then ``hook_resid_mid`` = resid_pre + attn_out.
+def _attn_out_and_mid(site: Site, stash: dict[int, Tensor], layer: int, multiplier: float = 1.0) -> Callable:
+    """``hook_attn_out``, then ``hook_resid_mid`` = resid_pre + multiplier * attn_out.
 
     Edits of resid_mid travel through the attention output: it is the only tensor of the residual
-    add the bridge can replace without touching the model's code.
+    add the bridge can replace without touching the model's code. ``multiplier``: Granite's
+    ``residual_multiplier`` (1 elsewhere).
     """
 
     def process(run: Run, a: Tensor, inp: Tensor | None) -> Tensor:
@@ -454,6 +455,10 @@ def _attn_out_and_mid(site: Site, stash: dict[int, Tensor], layer: int) -> Calla
         if mid_point is None or not mid_point.active:
             return new
         resid_pre = stash[layer].to(new.device)  # a device map may run the block elsewhere than its input
+        if multiplier != 1.0:
+            mid = resid_pre + new * multiplier
+            new_mid = run("mid", mid)
+            return new if new_mid is mid else (new_mid - resid_pre) / multiplier
         mid = resid_pre + new
         new_mid = run("mid", mid)
         return new if new_mid is mid else new_mid - resid_pre

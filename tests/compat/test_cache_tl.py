@@ -100,10 +100,11 @@ def test_heads_from_z_equal_the_bridge_hook_result(run):
     for layer in range(model.cfg.n_layers):
         torch.testing.assert_close(z_only["result", layer], cache["result", layer], atol=1e-6, rtol=1e-6)
         per_head = heads[layer * model.cfg.n_heads : (layer + 1) * model.cfg.n_heads]
-        if not model.adapter.sandwich:  # the rows are hook_result itself
+        r = model.adapter.residual_scale(model.hf_model.config)  # Granite: parts are what enters the stream
+        if not model.adapter.sandwich and r == 1:  # the rows are hook_result itself
             assert torch.equal(per_head, cache["result", layer].movedim(-2, 0))
         b_o = get_module(get_module(model.hf_model, model.adapter.blocks)[layer], model.adapter.o_proj).bias
-        expected = cache["attn_out", layer] - (b_o if b_o is not None else 0)  # Gemma 2: through ln1_post
+        expected = (cache["attn_out", layer] - (b_o if b_o is not None else 0)) * r  # Gemma 2: through ln1_post
         torch.testing.assert_close(per_head.sum(0), expected, **TOL)
 
 
@@ -118,8 +119,9 @@ def test_neurons_sum_to_mlp_out_minus_b_out(run):
         b_out = get_module(blocks[layer], model.adapter.mlp_down).bias
         neurons = cache.get_neuron_results(layer)
         assert neurons.shape == (*TOKENS.shape, model.cfg.d_mlp, model.cfg.d_model)
+        r = model.adapter.residual_scale(model.hf_model.config)  # Granite: neurons are what enters the stream
         torch.testing.assert_close(
-            neurons.sum(-2), cache["mlp_out", layer] - (b_out if b_out is not None else 0), **TOL
+            neurons.sum(-2), (cache["mlp_out", layer] - (b_out if b_out is not None else 0)) * r, **TOL
         )
         assert torch.equal(cache.get_neuron_results(layer, neuron_slice=3), neurons[..., 3:4, :])
         assert torch.equal(cache.get_neuron_results(layer, neuron_slice=[5, 1], pos_slice=-1), neurons[:, -1:, [5, 1]])
@@ -169,7 +171,8 @@ def test_decompose_resid_tl_args(run):
     assert labels[-1] == ("0_mlp_out" if model.cfg.parallel_attn_mlp else "1_attn_out")
     no_embeds, labels = cache.decompose_resid(incl_embeds=False, mode="attn", return_labels=True)
     assert labels == ["0_attn_out", "1_attn_out"]
-    torch.testing.assert_close(no_embeds, torch.stack([cache["attn_out", 0], cache["attn_out", 1]]))
+    r = model.adapter.residual_scale(model.hf_model.config)  # Granite's residual_multiplier
+    torch.testing.assert_close(no_embeds, torch.stack([cache["attn_out", 0], cache["attn_out", 1]]) * r)
 
 
 def test_apply_ln_to_stack_layers(run):

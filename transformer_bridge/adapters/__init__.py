@@ -7,7 +7,7 @@ from .gpt2 import GPT2, GPT_BIGCODE, GPT_NEO
 from .gpt_neox import GPT_NEOX
 from .gpt_oss import GPT_OSS
 from .layernorm_rotary import OLMO, STABLELM, STARCODER2
-from .llama import APERTUS, ARCEE, HUNYUAN, LLAMA, QWEN3
+from .llama import APERTUS, ARCEE, GRANITE, HUNYUAN, LLAMA, QWEN3
 from .llama4 import LLAMA4
 from .mamba import MAMBA
 from .mixtral import MIXTRAL, OLMOE, QWEN2_MOE, QWEN3_MOE
@@ -19,7 +19,7 @@ from .post_norm import EXAONE4, OLMO2
 ADAPTERS: tuple[Adapter, ...] = (
     GPT2, LLAMA, QWEN3, GEMMA2, GPT_NEOX, PHI3, OPT,
     GEMMA, GEMMA3, GLM, GLM4, STABLELM, STARCODER2, OLMO, HUNYUAN, ARCEE, APERTUS,
-    PHI, COHERE, GPTJ, FALCON, OLMO2, EXAONE4, GPT_BIGCODE, GPT_NEO,
+    PHI, COHERE, GPTJ, FALCON, OLMO2, EXAONE4, GPT_BIGCODE, GPT_NEO, GRANITE,
 )  # fmt: skip
 ADAPTERS += (MIXTRAL, QWEN2_MOE, QWEN3_MOE, OLMOE, GPT_OSS, LLAMA4)  # mixture of experts
 ADAPTERS += (MAMBA,)  # state space

@@ -81,6 +81,9 @@ class Adapter:
             dropout after the softmax in GPT-J and GPT-Neo); it serves ``hook_pattern``.
         mlp_out_mutated: HF adds to the MLP output in place (Falcon's parallel block), so a hooked MLP
             output is handed on as a copy.
+        residual_multiplier: config attribute by which the attention and MLP outputs are multiplied before
+            the residual add (Granite). ``hook_attn_out`` / ``hook_mlp_out`` are the sublayer outputs
+            before it; the ``resid`` points and decompositions include it.
         conv1d: projections store weights ``[in, out]`` (GPT-2's Conv1D) instead of ``[out, in]``.
         q_norm, k_norm: per-head norms applied to q and k after their projections (Qwen 3); they get
             ``attn.q_norm.hook_scale`` / ``hook_normalized`` (and the same for ``k_norm``), shown as
@@ -122,6 +125,7 @@ class Adapter:
     attn_registry: bool = True
     pattern_module: str | None = None
     mlp_out_mutated: bool = False
+    residual_multiplier: str | None = None
     conv1d: bool = False
     rotary: bool = True
     q_norm: str | None = None
@@ -134,6 +138,10 @@ class Adapter:
     @property
     def gated(self) -> bool:
         return self.mlp_up is not None or self.fused_gate_up
+
+    def residual_scale(self, config: object) -> float:
+        """What the sublayer outputs are multiplied by before the residual add (1.0 but for Granite)."""
+        return float(getattr(config, self.residual_multiplier)) if self.residual_multiplier else 1.0
 
     def is_parallel(self, config: object) -> bool:
         """Whether attention and MLP read the same residual in a model with this HF ``config``."""

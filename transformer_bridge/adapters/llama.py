@@ -3,7 +3,7 @@
 Shared unchanged by Llama (SmolLM2), Mistral, Qwen2, SmolLM3 (some layers without rotary), Helium,
 Ministral (sliding windows), Seed-OSS and ERNIE 4.5 (biases where the config asks); with per-head
 q/k norms by Qwen3 and Hunyuan (norms after rotary there); with a plain ``up → act → down`` MLP by
-Arcee and Apertus (Apertus: its own norm names and q/k norms).
+Arcee and Apertus (Apertus: its own norm names and q/k norms); with constant multipliers by Granite.
 """
 
 from dataclasses import replace
@@ -47,3 +47,7 @@ APERTUS = replace(
     k_norm="self_attn.k_norm",
     qk_norm_layout="head_pos",
 )
+# Granite multiplies the embeddings, each sublayer output before the residual add, the attention scores and
+# the logits by config constants. The embedding multiplier sits between `hook_embed` and the first
+# `hook_resid_pre`; the attention one is HF's `scaling`; the logit one is folded into W_U / b_U.
+GRANITE = replace(LLAMA, model_types=("granite",), residual_multiplier="residual_multiplier")
