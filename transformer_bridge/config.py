@@ -77,6 +77,8 @@ def bridge_config(model: PreTrainedModel, adapter: Adapter, tokenizer: Any = Non
     n_heads = getattr(c, "num_attention_heads", None) or 0  # 0: a state-space model has no attention
     d_model = c.hidden_size
     d_head = getattr(c, "head_dim", None) or (d_model // n_heads if n_heads else 0)
+    if adapter.mla:  # DeepSeek's config.head_dim is the rotary width; z and result are per value head
+        d_head = c.v_head_dim
     dense = [b for b in get_module(model, adapter.blocks) if not is_moe_block(b, adapter.moe)]
     if dense:
         down = get_module(dense[0], adapter.mlp_down)

@@ -31,7 +31,7 @@ _SHORT = {
     "pre": "mlp", "pre_linear": "mlp", "post": "mlp",
     "router_logits": "mlp", "expert_weights": "mlp", "expert_pre": "mlp", "expert_post": "mlp",
     "expert_result": "mlp",
-    "mixer_out": "block",
+    "mixer_out": "block", "kv_latent": "attn", "k_rope": "attn",
     "scale": "norm", "normalized": "norm",
 }  # fmt: skip
 _RENAME = {"scores": "attn_scores", "attn": "pattern"}

@@ -25,7 +25,7 @@ def hf_biases(model) -> set[str]:
     block = get_module(model.hf_model, a.blocks)[1]
     found = set()
     for name, owner in BIAS_OWNERS.items():
-        if owner.startswith("mlp") and is_moe(model, 1):
+        if (owner.startswith("mlp") and is_moe(model, 1)) or (owner in "qkv" and a.mla):
             continue
         path = getattr(a, owner) if owner not in "qkv" or a.qkv is None else a.qkv
         if owner == "mlp_in" and a.mlp_up is not None:
@@ -84,6 +84,19 @@ def sandwich(model, module, x: torch.Tensor) -> torch.Tensor:
 def check_attention(model, cache, layer: int) -> None:
     block = get_module(model.hf_model, model.adapter.blocks)[layer]
     x = block_input(model, cache, block, layer, "ln1")
+    if model.adapter.mla:  # no W_Q / W_K / W_V (low-rank queries, latent keys and values): W_O only
+        with pytest.raises(ValueError, match="latent attention"):
+            _ = model.W_Q
+    else:
+        check_qkv(model, cache, layer, x)
+    z = cache["z", layer]
+    out = torch.einsum("bphd,hdm->bpm", z, model.W_O[layer]) + model.b_O[layer]
+    if model.adapter.sandwich:
+        out = sandwich(model, get_module(block, model.adapter.attn_out), out)
+    torch.testing.assert_close(out, cache["attn_out", layer], **TOL)
+
+
+def check_qkv(model, cache, layer: int, x: torch.Tensor) -> None:
     q = torch.einsum("bpm,hmd->bphd", x, model.W_Q[layer]) + model.b_Q[layer]
     torch.testing.assert_close(q, cache["q", layer], **TOL)  # pre-RoPE for rotary families
     groups = model.cfg.n_heads // model.cfg.n_kv_heads
@@ -96,11 +109,9 @@ def check_attention(model, cache, layer: int) -> None:
         # Repeated to n_heads: query head h reads kv head h // groups (HF's repeat_kv).
         per_head = torch.einsum("bpm,hmd->bphd", x, w[layer]) + b[layer]
         torch.testing.assert_close(per_head, cache[key, layer].repeat_interleave(groups, dim=2), **TOL)
-    z = cache["z", layer]
-    out = torch.einsum("bphd,hdm->bpm", z, model.W_O[layer]) + model.b_O[layer]
-    if model.adapter.sandwich:
-        out = sandwich(model, get_module(block, model.adapter.attn_out), out)
-    torch.testing.assert_close(out, cache["attn_out", layer], **TOL)
+
+
+MLA_ABSENT = ("W_Q", "W_K", "W_V", "_W_K", "_W_V", "b_Q", "b_K", "b_V", "_b_K", "_b_V")  # DeepSeek's latent attention
 
 
 def is_moe(model, layer: int) -> bool:
@@ -150,8 +161,8 @@ def test_shapes(run):
     }  # fmt: skip
     moe = any(is_moe(model, layer) for layer in range(n))
     for name, shape in expected.items():
-        if moe and name in MLP_WEIGHTS:
-            with pytest.raises(ValueError, match="mixture-of-experts"):
+        if (moe and name in MLP_WEIGHTS) or (model.adapter.mla and name in MLA_ABSENT):
+            with pytest.raises(ValueError, match=r"mixture-of-experts|latent attention"):
                 getattr(model, name)
             continue
         assert tuple(getattr(model, name).shape) == shape, name
@@ -215,7 +226,8 @@ def test_per_layer_weights_are_views_that_edit_the_model(family):
     before = model(TOKENS)
     gen = torch.Generator().manual_seed(2)
     edited, biases = [], hf_biases(model)
-    for name, fn in {**ATTN_WEIGHTS, **({} if is_moe(model, 1) else MLP_WEIGHTS)}.items():
+    attn = {k: f for k, f in ATTN_WEIGHTS.items() if not (model.adapter.mla and k in MLA_ABSENT)}
+    for name, fn in {**attn, **({} if is_moe(model, 1) else MLP_WEIGHTS)}.items():
         t = fn(model, 1)
         if t is None:  # W_gate of an ungated MLP
             continue
@@ -229,7 +241,8 @@ def test_per_layer_weights_are_views_that_edit_the_model(family):
             with torch.no_grad():
                 t.add_(0.05 * torch.randn(t.shape, generator=gen))
             edited.append(name)
-    assert {"W_Q", "_W_K", "_W_V", "W_O", *(() if is_moe(model, 1) else ("W_in", "W_out"))} <= set(edited)
+    qkv = () if model.adapter.mla else ("W_Q", "_W_K", "_W_V")
+    assert {*qkv, "W_O", *(() if is_moe(model, 1) else ("W_in", "W_out"))} <= set(edited)
     logits, cache = model.run_with_cache(TOKENS)
     assert not torch.allclose(logits, before)
     check_attention(model, cache, 1)

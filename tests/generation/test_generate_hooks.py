@@ -76,9 +76,11 @@ def test_kv_edits_at_prefill_persist_in_the_cache(model, point):
     kw = dict(attention_mask=mask, max_new_tokens=6, stop_at_eos=False, return_dict=True, output_logits=True)
 
     def shift_position_1(x, hook):  # x: [batch, pos, kv_head, d_head]; a shift survives Qwen3's k-norm
-        at = (hook.ctx.positions == 1)[..., None, None]
+        at = (hook.ctx.positions == 1).view(*hook.ctx.positions.shape, *[1] * (x.dim() - 2))
         return x + 3.0 * at * torch.linspace(-1, 1, x.shape[-1])
 
+    if model.adapter.mla:  # DeepSeek: the cache holds the latent and the shared rotary key, not k and v
+        point = {"hook_k": "hook_k_rope", "hook_v": "hook_kv_latent"}[point]
     plain = model.generate(tokens, **kw)
     with model.hooks(fwd_hooks=[(f"blocks.0.attn.{point}", shift_position_1)]):
         cached = model.generate(tokens, **kw)  # the edit runs once, at prefill; decode steps read the cache

@@ -112,6 +112,12 @@ def _qkv(core: BridgeCore, layer: int, which: Literal["q", "k", "v"]) -> tuple[T
     """``(weight [n, d_model, d_head], bias [n, d_head] or None)`` of one of Q, K, V: views, n its heads."""
     a, c = core.adapter, core.cfg
     block = _block(core, layer)
+    if a.mla:
+        raise ValueError(
+            f"This {c.model_type!r} model uses multi-head latent attention: queries go through a low-rank "
+            "projection and a norm, keys and values are expanded from a compressed latent, so there is no "
+            "W_Q / W_K / W_V / b_Q / b_K / b_V. W_O and b_O exist; see docs/families.md."
+        )
     n = c.n_heads if which == "q" else c.n_kv_heads
     if a.qkv is None:
         module = get_module(block, getattr(a, which))
