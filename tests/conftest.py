@@ -106,8 +106,19 @@ MOE_CONFIGS = {
     "llama4_text": lambda: _auto("llama4_text", num_local_experts=4, num_experts_per_tok=2, head_dim=8,
                                  intermediate_size_mlp=M, experts_implementation="eager", attention_chunk_size=4,
                                  moe_layers=[1], no_rope_layers=[1, 0]),
+    # MLA attention (query / key heads 10 wide, value heads 8) and group routing; layer 0 has a dense MLP.
+    "deepseek_v3": lambda: _auto("deepseek_v3", n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+                                 moe_intermediate_size=M, first_k_dense_replace=1, n_shared_experts=1,
+                                 q_lora_rank=16, kv_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=6,
+                                 v_head_dim=8, num_key_value_heads=H, experts_implementation="eager",
+                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
 }  # fmt: skip
 CONFIGS.update(MOE_CONFIGS)
+# State-space families: not in FAMILIES (those tests are about attention and MLPs); tests/test_ssm.py.
+SSM_CONFIGS = {
+    "mamba": lambda: AutoConfig.for_model("mamba", **_COMMON, hidden_size=D, state_size=8, num_hidden_layers=L,
+                                          expand=2, conv_kernel=4, time_step_rank=2),
+}
 FAMILIES = list(CONFIGS)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, FAMILIES, V, char_tokenizer, perturb_
+from conftest import CONFIGS, FAMILIES, SSM_CONFIGS, V, char_tokenizer, perturb_
 from transformers import AutoModelForCausalLM
 
 from transformer_bridge import SUPPORTED_MODEL_TYPES, TransformerBridge
@@ -120,5 +120,5 @@ def test_every_family_is_supported_and_documented(family):
 
 
 def test_every_supported_model_type_has_a_tiny_config():
-    tested = {CONFIGS[f]().model_type for f in FAMILIES}
+    tested = {CONFIGS[f]().model_type for f in FAMILIES} | {c().model_type for c in SSM_CONFIGS.values()}
     assert set(SUPPORTED_MODEL_TYPES) <= tested, set(SUPPORTED_MODEL_TYPES) - tested

@@ -64,6 +64,8 @@ def test_zero_head_in_hook_z_equals_zeroing_o_proj_input(model):
 @pytest.mark.parametrize("which", ["q", "k", "v"])
 def test_qkv_edit_equals_editing_projection_output(model, which):
     a = model.adapter
+    if a.mla:
+        pytest.skip("multi-head latent attention has no k / v projections: tests/test_moe.py")
     n = model.cfg.n_heads if which == "q" else model.cfg.n_kv_heads
     d = model.cfg.d_head
 
@@ -228,6 +230,8 @@ def test_pattern_edit_equals_z_from_values(model):
     """Replacing the pattern of one head equals writing pattern @ v into hook_z by hand."""
     if f"blocks.{LAYER}.attn.hook_pattern" not in model.hook_dict:
         pytest.skip("the HF module calls SDPA itself (Falcon): no pattern point")
+    if model.adapter.mla:
+        pytest.skip("multi-head latent attention has no hook_v: tests/test_moe.py")
     _, cache = model.run_with_cache(TOKENS, names_filter=lambda n: n.startswith(f"blocks.{LAYER}.attn"))
     pos = TOKENS.shape[1]
     uniform = torch.tril(torch.ones(pos, pos)) / torch.arange(1, pos + 1)[:, None]

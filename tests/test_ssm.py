@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from conftest import V, char_tokenizer, perturb_
-from transformers import AutoConfig, AutoModelForCausalLM
+from conftest import SSM_CONFIGS, V, char_tokenizer, perturb_
+from transformers import AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge
 from transformer_bridge.names import UnknownHookError
@@ -14,9 +14,7 @@ LAYER, D, D_INNER, D_STATE, DT_RANK = 1, 32, 64, 8, 2
 
 
 def make_mamba(seed: int = 0) -> TransformerBridge:
-    config = AutoConfig.for_model("mamba", vocab_size=V, hidden_size=D, state_size=D_STATE, num_hidden_layers=2,
-                                  expand=2, conv_kernel=4, time_step_rank=DT_RANK, bos_token_id=1, eos_token_id=2,
-                                  pad_token_id=0)  # fmt: skip
+    config = SSM_CONFIGS["mamba"]()  # d_model 32, d_state 8, dt_rank 2, d_inner 64
     torch.manual_seed(seed)
     # Larger weights than the init so greedy continuations vary (the init repeats one token).
     return perturb_(TransformerBridge(AutoModelForCausalLM.from_config(config).eval(), char_tokenizer()), scale=0.5)

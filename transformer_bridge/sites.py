@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from . import attention, moe
+from . import attention, mla, moe
 from .adapters import Adapter
 from .distributed import local_param, o_proj_weight, onloaded, sum_over_ranks
 from .hook_points import HookPoint, HookRegistry
@@ -317,7 +317,13 @@ def build_sites(
             add(p + "ln1.hook_scale", ln1 := site(ln1_module, "post", norm(adapter.norm, ln1_module)), "scale")
             add(p + "ln1.hook_normalized", ln1, "normalized")
 
-        if adapter.qkv is None:
+        if adapter.mla:
+            attn_module = m(adapter.attn)
+            add(p + "attn.hook_q", site(mla.query_module(attn_module), "post", mla.query_heads(n_heads)))
+            latent = site(attn_module.kv_a_proj_with_mqa, "post", mla.latent_split(attn_module.kv_lora_rank))
+            add(p + "attn.hook_kv_latent", latent, "kv_latent")
+            add(p + "attn.hook_k_rope", latent, "k_rope")
+        elif adapter.qkv is None:
             for key in "qkv":
                 heads_here = n_heads if key == "q" else n_kv
                 proj = m(getattr(adapter, key))

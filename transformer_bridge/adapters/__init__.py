@@ -1,6 +1,7 @@
 """Architecture adapters: one declarative record per HF family."""
 
 from .base import Adapter
+from .deepseek import DEEPSEEK_V3
 from .gemma import GEMMA, GEMMA2, GEMMA3
 from .glm import GLM, GLM4
 from .gpt2 import GPT2, GPT_BIGCODE, GPT_NEO
@@ -21,7 +22,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     GEMMA, GEMMA3, GLM, GLM4, STABLELM, STARCODER2, OLMO, HUNYUAN, ARCEE, APERTUS,
     PHI, COHERE, GPTJ, FALCON, OLMO2, EXAONE4, GPT_BIGCODE, GPT_NEO, GRANITE,
 )  # fmt: skip
-ADAPTERS += (MIXTRAL, QWEN2_MOE, QWEN3_MOE, OLMOE, GPT_OSS, LLAMA4)  # mixture of experts
+ADAPTERS += (MIXTRAL, QWEN2_MOE, QWEN3_MOE, OLMOE, GPT_OSS, LLAMA4, DEEPSEEK_V3)  # mixture of experts
 ADAPTERS += (MAMBA,)  # state space
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for a in ADAPTERS for t in a.model_types)
 

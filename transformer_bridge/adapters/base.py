@@ -91,6 +91,9 @@ class Adapter:
         qk_norm_layout: the layout HF hands the q/k norms: ``pos_head`` (``[b, pos, head, d]``, Qwen 3)
             or ``head_pos`` (``[b, head, pos, d]``, Gemma 3, Apertus, Hunyuan, EXAONE 4); ``flat``: one norm
             over all heads of the projection (OLMo 2), shown as HF has it, ``[b, pos, head * d_head]``.
+        mla: multi-head latent attention (DeepSeek-V3): ``hook_q`` from the query projection, and instead
+            of ``hook_k`` / ``hook_v`` the latent points of `transformer_bridge.mla`; ``d_head`` is the value
+            head width.
         ssm: a state-space family (`SSM`): its blocks have a mixer instead of attention and MLP, and get
             the points of `transformer_bridge.ssm` (no attention or MLP points).
         moe: the mixture-of-experts layout (`MoE`); a block whose ``moe.experts`` module exists gets the
@@ -134,6 +137,7 @@ class Adapter:
     sandwich: bool = False
     moe: MoE | None = None
     ssm: SSM | None = None
+    mla: bool = False
 
     @property
     def gated(self) -> bool:
