@@ -112,6 +112,10 @@ MOE_CONFIGS = {
                                  q_lora_rank=16, kv_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=6,
                                  v_head_dim=8, num_key_value_heads=H, experts_implementation="eager",
                                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    # Granite's multipliers far from 1, as for "granite".
+    "granitemoe": lambda: _auto("granitemoe", num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=3.0,
+                                residual_multiplier=2.0, attention_multiplier=0.5, logits_scaling=0.5,
+                                experts_implementation="eager"),
 }  # fmt: skip
 CONFIGS.update(MOE_CONFIGS)
 # State-space families: not in FAMILIES (those tests are about attention and MLPs); tests/test_ssm.py.

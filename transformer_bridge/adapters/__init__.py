@@ -7,6 +7,7 @@ from .glm import GLM, GLM4
 from .gpt2 import GPT2, GPT_BIGCODE, GPT_NEO
 from .gpt_neox import GPT_NEOX
 from .gpt_oss import GPT_OSS
+from .granitemoe import GRANITEMOE
 from .layernorm_rotary import OLMO, STABLELM, STARCODER2
 from .llama import APERTUS, ARCEE, GRANITE, HUNYUAN, LLAMA, QWEN3
 from .llama4 import LLAMA4
@@ -22,7 +23,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     GEMMA, GEMMA3, GLM, GLM4, STABLELM, STARCODER2, OLMO, HUNYUAN, ARCEE, APERTUS,
     PHI, COHERE, GPTJ, FALCON, OLMO2, EXAONE4, GPT_BIGCODE, GPT_NEO, GRANITE,
 )  # fmt: skip
-ADAPTERS += (MIXTRAL, QWEN2_MOE, QWEN3_MOE, OLMOE, GPT_OSS, LLAMA4, DEEPSEEK_V3)  # mixture of experts
+ADAPTERS += (MIXTRAL, QWEN2_MOE, QWEN3_MOE, OLMOE, GPT_OSS, LLAMA4, DEEPSEEK_V3, GRANITEMOE)  # mixture of experts
 ADAPTERS += (MAMBA,)  # state space
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for a in ADAPTERS for t in a.model_types)
 
