@@ -5,7 +5,6 @@ import torch
 from _models import BIAS_FREE, FAMILIES, make_bridge, padded_pair, random_tokens, tiny_run
 from _oracles import gpt2_attnlrp, llama_lrp
 
-from transformer_bridge.decompose import has_experts
 from transformer_bridge.relevance import ExplainedToken, Target, explain
 
 
@@ -120,24 +119,3 @@ def test_cp_lrp_conserves_on_smollm2(smollm2):
         assert step.relevance.sum().item() == pytest.approx(want, rel=1e-4)
     attn = run.relevance_pass(method="attnlrp")
     assert (attn.conservation_error > 1e-3).all()  # not conservative, and said so
-
-
-def _has_experts(model) -> bool:
-    return any(has_experts(model, layer) for layer in range(model.cfg.n_layers))
-
-
-def test_cp_lrp_conserves_on_every_dense_family_whose_biases_are_zero(model):
-    """Every family, as HF initialises it (biases 0): cp_lrp's relevance sums to the target's logit. Mixtures of
-    experts wait for the router rule (weights held constant) and the rule on each expert's activation."""
-    if any(p.abs().max() > 0 for n, p in model.hf_model.named_parameters() if n.endswith("bias")):
-        pytest.skip("non-zero biases: cp_lrp is not conservative there")
-    if _has_experts(model):
-        pytest.skip("mixture of experts: the router and expert rules are not in RULES yet")
-    tokens = random_tokens(1, 10)
-    with torch.no_grad():
-        logits = model.hf_model(tokens).logits[0].float()
-    for target in ("logit", ("logit_diff", 7)):
-        rel = tiny_run(model, tokens, prompt_width=6, cache=False).relevance_pass(method="cp_lrp", target=target)
-        for step in rel:
-            want = logits[step.position - 1, step.token_id] - (logits[step.position - 1, 7] if target != "logit" else 0)
-            assert step.relevance.sum().item() == pytest.approx(want.item(), rel=1e-4, abs=1e-6)
