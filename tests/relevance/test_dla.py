@@ -3,7 +3,9 @@
 import pytest
 import torch
 from _models import FAMILIES, make_bridge, random_tokens, tiny_run
+from conftest import CONFIGS
 
+from transformer_bridge.adapters import adapter_for
 from transformer_bridge.relevance import RelevanceRun, relevance_hooks
 from transformer_bridge.sites import get_module
 
@@ -106,7 +108,7 @@ def test_relevance_hooks_name_what_cache_methods_read():
     assert len(rel) == 2
 
 
-MOE = [f for f in FAMILIES if f in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "llama4_text")]
+MOE = [f for f in FAMILIES if adapter_for(CONFIGS[f]().model_type).moe is not None]
 
 
 @pytest.mark.parametrize("family", MOE)
