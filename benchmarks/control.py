@@ -10,7 +10,11 @@ loop waits for (the mask of a step is computed in a worker while the forward run
 mask / forced-token computation itself; both per output token and as a share of an unconstrained
 decode step. Every output is parsed and validated against the schema.
 
-    python benchmarks/control.py [--prompts 20] [--rounds 1] [--threads N]
+    python benchmarks/control.py [--prompts 20] [--rounds 1] [--threads N] [--flush-denormal]
+
+Unconstrained runs generate as many tokens as the constrained output of the same prompt
+(``min_new_tokens``), so past where SmolLM2 would stop; on CPU its activations can then hold denormal
+floats, which x86 computes slowly (see benchmarks/generate.py): ``--flush-denormal`` removes that effect.
 """
 
 import argparse
@@ -95,9 +99,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--flush-denormal", action="store_true", help="flush denormal floats to zero (all variants)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.flush_denormal:
+        torch.set_flush_denormal(True)
     model = TransformerBridge.from_pretrained(str(smollm2_path()), dtype=torch.float32)
     model.cfg.default_prepend_bos = False
     tok = model.tokenizer
@@ -162,8 +169,8 @@ def main() -> None:
     base = totals["unconstrained"]
     step_s = sum(base["s"]) / args.rounds / base["tokens"]  # seconds per unconstrained output token
     print(f"SmolLM2-135M-Instruct fp32, CPU, {torch.get_num_threads()} threads, greedy, batch 1, {n} JSON-schema "
-          f"extraction prompts, {args.rounds} round(s), torch {torch.__version__}, llguidance "
-          f"{llguidance.__version__}")  # fmt: skip
+          f"extraction prompts, {args.rounds} round(s), flush_denormal={args.flush_denormal}, torch "
+          f"{torch.__version__}, llguidance {llguidance.__version__}")  # fmt: skip
     print(f"unconstrained decode: {step_s * 1e3:.1f} ms per token\n")
     header = ("variant", "valid", "tokens", "fwd/token", "tokens/s", "x unconstr.", "blocking us/tok", "% step",
               "decide us/tok")  # fmt: skip

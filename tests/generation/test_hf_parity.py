@@ -322,13 +322,24 @@ def test_neutral_hf_keywords_are_accepted(llama):
         model.generate(tokens, GenerationConfig(max_new_tokens=2))
 
 
-def test_prepare_takes_every_option_of_generate_none_with_a_default():
-    """`resolve.prepare` resolves every `generate` option; `plan` takes what it resolves, without defaults."""
-    gen = inspect.signature(generate).parameters
-    prep = inspect.signature(resolve.prepare).parameters
-    assert list(prep) == list(gen) and all(p.default is inspect.Parameter.empty for p in prep.values())
-    plan = inspect.signature(options.plan).parameters
-    assert all(p.default is inspect.Parameter.empty for p in plan.values())
+def test_prepare_reads_every_option_of_generate_by_its_name(llama):
+    """`generate`'s signature is the one place the option names are written: `resolve.prepare` and
+    `options.plan` read them from its arguments. Every argument is read, and nothing else is."""
+
+    class Recording(dict):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.read = set()
+
+        def __getitem__(self, key):
+            self.read.add(key)
+            return super().__getitem__(key)
+
+    params = inspect.signature(generate).parameters
+    args = Recording({n: p.default for n, p in params.items() if n != "model"}, input=torch.tensor([[1, 5, 6]]))
+    resolve.prepare(llama, args)
+    assert args.read == set(args)
+    assert all(p.default is inspect.Parameter.empty for p in inspect.signature(options.plan).parameters.values())
 
 
 # -- generate_stream -------------------------------------------------------------------------------

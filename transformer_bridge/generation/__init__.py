@@ -234,26 +234,27 @@ def generate(
         ...     tokens, cache = model.generate(tokens, max_new_tokens=8, return_cache=True,
         ...                                    names_filter=["blocks.3.hook_resid_post"])
     """
-    request = resolve.prepare(**locals())  # every argument above, by name
+    request = resolve.prepare(model, locals())  # every argument above, by name
     p, tokens, mask = request.plan, request.tokens, request.mask
-    if p.num_beams > 1:
+    n = p.search.num_return_sequences
+    if p.search.num_beams > 1:
         out = beams.beam_search(model, tokens, mask, p)
     else:
-        if p.num_return_sequences > 1:
-            tokens = tokens.repeat_interleave(p.num_return_sequences, dim=0)
-            mask = mask.repeat_interleave(p.num_return_sequences, dim=0)
+        if n > 1:
+            tokens = tokens.repeat_interleave(n, dim=0)
+            mask = mask.repeat_interleave(n, dim=0)
         if request.controller is None:
             out = decode.generate(model, tokens, mask, p)
         else:
             controllers = control.check_controller(request.controller, request.tokens.shape[0], model)
-            controllers = [c for c in controllers for _ in range(p.num_return_sequences)]
-            if p.num_return_sequences > 1:
+            controllers = [c for c in controllers for _ in range(n)]
+            if n > 1:
                 controllers = [control.own_copy(c) for c in controllers]
             out = control.generate(model, tokens, mask, p, controllers, request.max_steps)
 
     cache = decode.recompute_cache(model, out, request.names, request.device) if request.return_cache else None
     if request.text_out:
-        out.text = _texts(model, request.prompts, out, p.num_return_sequences)
+        out.text = _texts(model, request.prompts, out, n)
     if request.hf_layout and isinstance(out.logits, Tensor):
         out.logits = tuple(out.logits.unbind(1))
     if request.return_dict:
@@ -311,11 +312,12 @@ def generate_stream(
         ...     print(piece, end="", flush=True)
     """
     every = check_int("max_tokens_per_yield", max_tokens_per_yield, minimum=1)
-    request = resolve.prepare(model, input, max_new_tokens, **{**_STREAM_DEFAULTS, **options}, **_STREAM_FIXED)
-    if request.plan.num_beams > 1:
+    given = {"input": input, "max_new_tokens": max_new_tokens, **_STREAM_DEFAULTS, **options, **_STREAM_FIXED}
+    request = resolve.prepare(model, given)
+    if request.plan.search.num_beams > 1:
         raise ValueError(
             f"`generate_stream` decodes one token per row and step, but the generation config sets "
-            f"`num_beams`={request.plan.num_beams}: {_NOT_STREAMED['num_beams']}"
+            f"`num_beams`={request.plan.search.num_beams}: {_NOT_STREAMED['num_beams']}"
         )
     return stream.chunks(model, request, every)
 

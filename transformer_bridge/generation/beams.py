@@ -28,7 +28,7 @@ def beam_search(
 ) -> GenerationOutput:
     """Beam search over a left-padded batch; returns ``num_return_sequences`` best beams per prompt."""
     batch, width = tokens.shape
-    nb, max_len, dev = p.num_beams, width + p.max_new_tokens, tokens.device
+    nb, max_len, dev = p.search.num_beams, width + p.max_new_tokens, tokens.device
     keep = max(2, 1 + len(p.eos_token_ids)) * nb
     is_top = torch.arange(keep, device=dev) < nb
     flat_tokens, flat_mask = tokens.repeat_interleave(nb, 0), mask.repeat_interleave(nb, 0)
@@ -53,23 +53,24 @@ def beam_search(
     finished_reason = torch.zeros(batch, nb, dtype=torch.long, device=dev)
 
     cache = DynamicCache(config=model.hf_model.config) if p.use_cache else None
+    s = p.sampling
     logits = prefill(model, flat_tokens, flat_mask, prompt_pos, cache, padded)
     cur = width
     while True:
         t = cur - width
         raw = logits.float().log_softmax(-1)
         flat_running = running[:, :, :cur].reshape(batch * nb, cur)
-        log_probs = p.processors(flat_running, raw, full_mask[:, :cur]) if p.processors else raw
-        if not p.greedy:
-            log_probs = warp_logits(log_probs, p.temperature, p.top_k, p.top_p, p.min_p, p.typical_p)
+        log_probs = s.processors(flat_running, raw, full_mask[:, :cur]) if s.processors else raw
+        if not s.greedy:
+            log_probs = warp_logits(log_probs, s.temperature, s.top_k, s.top_p, s.min_p, s.typical_p)
         vocab = log_probs.shape[-1]
         scores = (log_probs.view(batch, nb, vocab) + running_scores[:, :, None]).view(batch, nb * vocab)
 
         # Top-K continuations over all beams of a prompt.
-        if p.greedy:
+        if s.greedy:
             top_scores, top_index = torch.topk(scores, k=keep)
         else:
-            top_index = torch.multinomial(scores.softmax(-1), keep, generator=p.generator)
+            top_index = torch.multinomial(scores.softmax(-1), keep, generator=s.generator)
             top_scores = scores.gather(1, top_index)
         parent, token = top_index // vocab, top_index % vocab
         top_seq = _gather(running, parent)
@@ -93,8 +94,8 @@ def beam_search(
 
         # Finished continuations (among the top num_beams) compete for the finished slots.
         just_finished = stops & is_top[None, :]
-        final = top_scores / ((cur + 1 - width) ** p.length_penalty)
-        final += (torch.all(is_finished, dim=-1, keepdim=True) & (p.early_stopping is True)).float() * NEG
+        final = top_scores / ((cur + 1 - width) ** p.search.length_penalty)
+        final += (torch.all(is_finished, dim=-1, keepdim=True) & (p.search.early_stopping is True)).float() * NEG
         final += (~improvable).float() * NEG
         final += (~just_finished) * NEG
         merged = torch.topk(torch.cat([finished_scores, final], 1), k=nb)[1]
@@ -107,7 +108,7 @@ def beam_search(
 
         cur += 1
         improvable = _improvable(improvable, running_scores, finished_scores, is_finished, cur, max_len, width, p)
-        all_full = torch.all(is_finished) & (p.early_stopping is True)
+        all_full = torch.all(is_finished) & (p.search.early_stopping is True)
         if not bool(torch.any(improvable) & ~all_full & ~torch.all(stops)):
             break
 
@@ -122,7 +123,7 @@ def beam_search(
         else:
             logits = decode_full(model, flat_running, positions[:, :cur], full_mask[:, :cur], width, padded, t + 1)
 
-    n = p.num_return_sequences
+    n = p.search.num_return_sequences
     origin = finished_origin[:, :n].reshape(batch * n, -1)
     new_len = (origin >= 0).sum(-1)
     n_new = int(new_len.max())
@@ -138,7 +139,7 @@ def beam_search(
         finish_reasons=[FINISH_REASONS[c] for c in finished_reason[:, :n].reshape(-1).tolist()],
         sequences_scores=finished_scores[:, :n].reshape(-1),
     )
-    if p.record:
+    if p.records.on:
         out.logprobs = finished_lp[:, :n].reshape(batch * n, -1)[:, :n_new] * generated
     return out
 
@@ -162,7 +163,7 @@ def _improvable(
 ) -> Tensor:
     """HF's early-stop heuristic: can the best running beam still beat the worst finished one?"""
     # A positive length penalty favours longer beams: with "never", assume the longest possible one.
-    best_len = max_len - width if p.early_stopping == "never" and p.length_penalty > 0.0 else cur - width
-    best_running = running_scores[:, :1] / (best_len**p.length_penalty)
+    best_len = max_len - width if p.search.early_stopping == "never" and p.search.length_penalty > 0.0 else cur - width
+    best_running = running_scores[:, :1] / (best_len**p.search.length_penalty)
     worst_finished = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True)[0], NEG)
     return improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)

@@ -38,7 +38,6 @@ from .branch import Branch, View, as_branches, check_branch, samples
 from .engine import Engine, Row, as_batch, fill_forced_logprobs
 from .options import Plan
 from .outputs import FINISH_REASONS, GenerationOutput
-from .sampling import draw, warp_logits
 
 _QUERY_AXIS_2 = ("hook_pattern", "hook_attn_scores")  # [batch, head, query_pos, key_pos]
 
@@ -87,7 +86,7 @@ def generate(
     step = 0
     with model.hooks(fwd_hooks=hooks, read_only=True):
         while engine.rows:
-            all_logits = p.record and any(r.kind == "forced" and r.pending > 1 for r in engine.rows)
+            all_logits = p.records.on and any(r.kind == "forced" and r.pending > 1 for r in engine.rows)
             logits, chunk_logits = engine.feed(step, all_logits)
             if chunk_logits is not None:
                 fill_forced_logprobs(engine.rows, chunk_logits)
@@ -162,7 +161,7 @@ def _apply(
             forced.append((i, list(b.ff_tokens[0])))
     engine.rewind(drops, refeed)
     for i, tokens in forced:
-        first = _logprob(logits[i], tokens[0]) if p.record else math.nan
+        first = _logprob(logits[i], tokens[0]) if p.records.on else math.nan
         rows[i].append([int(t) for t in tokens], "forced" if len(tokens) > 1 else "sampled", first)
         _stop(rows[i], p, logits[i : i + 1].float())
         _appended(rows[i])
@@ -176,21 +175,16 @@ def _sample(rows: list[Row], plan: list[tuple[int, Branch, Tensor | None]], logi
     index = [i for i, _, _ in plan]
     raw = logits[index]
     scores = raw.float()
-    if p.processors:
+    if p.sampling.processors:
         scores = torch.cat([_processed(rows[i], s[None], p) for i, s in zip(index, scores, strict=True)])
-    allowed = [m for _, _, m in plan]
-    if any(m is not None for m in allowed):
+    masks, full = [m for _, _, m in plan], None
+    if any(m is not None for m in masks):
         full = torch.ones_like(scores, dtype=torch.bool)
-        for k, m in enumerate(allowed):
+        for k, m in enumerate(masks):
             if m is not None:
                 full[k] = m.to(full.device)
-        scores = scores.masked_fill(~full, -math.inf)
-    if p.greedy:
-        chosen = scores.argmax(-1)
-    else:
-        scores = warp_logits(scores, p.temperature, p.top_k, p.top_p, p.min_p, p.typical_p)
-        chosen = draw(scores, p.generator)
-    logprobs = raw.float().log_softmax(-1) if p.record else None
+    chosen, scores = p.sampling.pick(scores, full)
+    logprobs = raw.float().log_softmax(-1) if p.records.on else None
     for k, ((i, b, _), t) in enumerate(zip(plan, chosen.tolist(), strict=True)):
         follow = next((list(s) for s in b.ff_tokens if len(s) and int(s[0]) == t), [t])
         first = float(logprobs[k, t]) if logprobs is not None else math.nan
@@ -208,7 +202,7 @@ def _processed(row: Row, scores: Tensor, p: Plan) -> Tensor:
     if pad > 0:
         tokens = torch.cat([tokens.new_full((1, pad), p.pad_token_id), tokens], 1)
         mask = torch.cat([mask.new_zeros((1, pad)), mask], 1)
-    return p.processors(tokens.to(scores.device), scores, mask.to(scores.device))
+    return p.sampling.processors(tokens.to(scores.device), scores, mask.to(scores.device))
 
 
 def _stop(row: Row, p: Plan, scores: Tensor) -> None:
@@ -266,7 +260,7 @@ def _output(rows: list[Row], prompt_width: int, p: Plan, device: torch.device) -
         prompt_lengths=torch.tensor([r.prompt_length for r in rows], device=device),
         prompt_width=prompt_width,
         finish_reasons=[r.finish or "length" for r in rows],
-        logprobs=logprobs.to(device) if p.record else None,
+        logprobs=logprobs.to(device) if p.records.on else None,
         parents=[r.parent for r in rows],
     )
 

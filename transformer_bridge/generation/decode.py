@@ -26,7 +26,6 @@ from ..core import BridgeCore
 from ..hook_points import HookContext
 from .options import Plan
 from .outputs import FINISH_REASONS, GenerationOutput
-from .sampling import draw, warp_logits
 from .stopping import MAX_TIME
 
 
@@ -86,13 +85,7 @@ def next_token(
     Returns the token and the scores it was chosen from (HF's ``scores``: processed, and warped when
     sampling), which the stopping criteria and ``output_scores`` see.
     """
-    scores = logits.float()
-    if p.processors:
-        scores = p.processors(tokens, scores, mask)
-    if p.greedy:
-        return scores.argmax(-1), scores
-    scores = warp_logits(scores, p.temperature, p.top_k, p.top_p, p.min_p, p.typical_p)
-    return draw(scores, p.generator), scores
+    return p.sampling.choose(logits, tokens, mask)
 
 
 def generate(
@@ -226,8 +219,9 @@ class _Records:
     """
 
     def __init__(self, p: Plan) -> None:
-        self.on, self.k, self.keep_logits = p.record, p.top_logprobs, p.record and p.output_logits
-        self.keep_scores = p.record and p.output_scores
+        r = p.records
+        self.on, self.k = r.on, r.top_logprobs
+        self.keep_logits, self.keep_scores = r.on and r.output_logits, r.on and r.output_scores
         self.logprobs: list[Tensor] = []
         self.top_values: list[Tensor] = []
         self.top_ids: list[Tensor] = []

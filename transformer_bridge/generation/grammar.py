@@ -18,6 +18,7 @@ Example:
     >>> model.generate("Answer in JSON: ", max_new_tokens=30, controller=g)
 """
 
+import functools
 import json
 import re
 import time
@@ -38,7 +39,6 @@ try:
 except ImportError:  # pragma: no cover - exercised by the "not installed" test through `_require`
     llguidance = None
 
-_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
 _TOKENIZERS: dict[int, tuple[Any, Any]] = {}  # id(hf tokenizer) → (the tokenizer, its LLTokenizer)
 
 
@@ -95,7 +95,7 @@ class Grammar:
         start = time.perf_counter()
         self._join()
         self._follow(generated)
-        self.pending = _WORKER.submit(self._next)
+        self.pending = _worker().submit(self._next)
         self.stats["blocking_s"] += time.perf_counter() - start
 
     def mid_process(self, view: View) -> list[Branch]:
@@ -220,6 +220,12 @@ def _checked(grammar: str, source: str, param: str, fast_forward: bool) -> Gramm
     if error:
         raise GrammarError(f"`{param}` is not a valid grammar ({source}): {error.strip()}")
     return Grammar(grammar, source, fast_forward)
+
+
+@functools.cache
+def _worker() -> ThreadPoolExecutor:
+    """One thread for every grammar: masks are computed there while the forward runs (made on first use)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
 
 
 def _require() -> None:

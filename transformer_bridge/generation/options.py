@@ -14,24 +14,27 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..checks import ArgumentTypeError, check_bool, check_int, describe, is_int, is_real
 from ..core import BridgeCore
 from .processors import FrequencyPresencePenalty, ProcessorList, build_processors
-from .sampling import validate_sampling_args
+from .sampling import draw, validate_sampling_args, warp_logits
 from .stopping import Stopping
 
 SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "freq_penalty")
+# `generate` options that are `build_processors`' arguments under the same names.
+PROCESSOR_OPTIONS = ("logit_bias", "repetition_penalty", "frequency_penalty", "presence_penalty",
+                     "no_repeat_ngram_size", "bad_words_ids", "min_new_tokens", "logits_processor")  # fmt: skip
 HF_DEFAULT_TOP_K = 50  # HF's GenerationConfig applies top-k 50 when sampling unless told otherwise.
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes a uint64
 
 
-@dataclass
-class Plan:
-    """Every option of one `generate` call, validated and resolved before the loop."""
+@dataclass(frozen=True)
+class Sampling:
+    """How a token is chosen: processors → temperature → top-k → top-p → min-p → typical-p → draw (or argmax)."""
 
-    max_new_tokens: int
     greedy: bool
     temperature: float
     top_k: int | None
@@ -40,147 +43,134 @@ class Plan:
     typical_p: float | None
     generator: torch.Generator | None
     processors: ProcessorList
-    stopping: Stopping
-    pad_token_id: int
-    eos_token_ids: list[int]
-    use_cache: bool
+
+    def choose(
+        self, logits: Float[Tensor, "batch d_vocab"], tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"],
+        allowed: Bool[Tensor, "batch d_vocab"] | None = None,
+    ) -> tuple[Int[Tensor, " batch"], Float[Tensor, "batch d_vocab"]]:  # fmt: skip
+        """The token of each row and the scores it was chosen from (HF's ``scores``: processed, masked to
+        ``allowed``, and warped when sampling).
+
+        Example:
+            >>> token, scores = plan.sampling.choose(logits, tokens, mask)
+        """
+        scores = logits.float()
+        if self.processors:
+            scores = self.processors(tokens, scores, mask)
+        return self.pick(scores, allowed)
+
+    def pick(
+        self, scores: Float[Tensor, "batch d_vocab"], allowed: Bool[Tensor, "batch d_vocab"] | None = None
+    ) -> tuple[Int[Tensor, " batch"], Float[Tensor, "batch d_vocab"]]:
+        """`choose` after the processors: mask → warpers → draw (or argmax)."""
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, -math.inf)
+        if self.greedy:
+            return scores.argmax(-1), scores
+        scores = warp_logits(scores, self.temperature, self.top_k, self.top_p, self.min_p, self.typical_p)
+        return draw(scores, self.generator), scores
+
+
+@dataclass(frozen=True)
+class Search:
+    """Rows per prompt and beam search."""
+
     num_beams: int
     num_return_sequences: int
     length_penalty: float
     early_stopping: bool | str
-    record: bool
+
+
+@dataclass(frozen=True)
+class Records:
+    """What `GenerationOutput` records per step (``on``: ``return_dict``)."""
+
+    on: bool
     top_logprobs: int
     output_logits: bool
     output_scores: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every option of one `generate` call, validated and resolved before the loop, in small typed groups."""
+
+    max_new_tokens: int
+    use_cache: bool
+    pad_token_id: int
+    eos_token_ids: list[int]
+    sampling: Sampling
+    stopping: Stopping
+    search: Search
+    records: Records
     streamer: Any
     verbose: bool
 
 
-def plan(
-    model: BridgeCore,
-    prompt_width: int,
-    *,
-    max_new_tokens: int,
-    use_cache: bool,
-    do_sample: bool,
-    temperature: float | None,
-    top_k: int | None,
-    top_p: float | None,
-    min_p: float | None,
-    typical_p: float | None,
-    repetition_penalty: float | None,
-    frequency_penalty: float | None,
-    presence_penalty: float | None,
-    freq_penalty: float | None,
-    no_repeat_ngram_size: int | None,
-    bad_words_ids: Sequence[Sequence[int]] | None,
-    logit_bias: Mapping[int, float] | None,
-    min_new_tokens: int | None,
-    eos_token_id: int | Sequence[int] | None,
-    stop_at_eos: bool,
-    pad_token_id: int | None,
-    stop_strings: str | Sequence[str] | None,
-    tokenizer: Any,
-    max_time: float | None,
-    stopping_criteria: Sequence[Callable] | None,
-    logits_processor: Sequence[Callable] | None,
-    num_return_sequences: int,
-    num_beams: int,
-    length_penalty: float,
-    early_stopping: bool | str,
-    seed: int | None,
-    generator: torch.Generator | None,
-    streamer: Any,
-    verbose: bool,
-    return_dict: bool,
-    top_logprobs: int,
-    output_logits: bool,
-    output_scores: bool,
-) -> Plan:
-    """Validate and resolve `generate`'s options; raises naming the parameter (see the module docstring).
+def plan(model: BridgeCore, prompt_width: int, o: Mapping[str, Any]) -> Plan:
+    """Validate and resolve `generate`'s options (``o``, by `generate`'s names); raises naming the parameter.
 
-    Every option is required here, already resolved (`resolve.prepare`: HF's generation configs, the
-    HF / TransformerLens spellings and `generate`'s defaults): ``do_sample`` is a bool, the lengths
-    are counts of new tokens.
+    The options arrive resolved (`resolve.prepare`: HF's generation configs, the HF / TransformerLens
+    spellings and `generate`'s defaults): ``do_sample`` is a bool, the lengths are counts of new tokens.
     """
     start = time.perf_counter()
     d_vocab = model.cfg.d_vocab
-    for name, flag in [("use_cache", use_cache), ("stop_at_eos", stop_at_eos), ("verbose", verbose),
-                       ("return_dict", return_dict), ("output_logits", output_logits),
-                       ("output_scores", output_scores)]:  # fmt: skip
-        check_bool(name, flag)
-    max_new_tokens = _max_new_tokens(max_new_tokens, prompt_width, model.cfg.n_ctx)
-    greedy, sampling, freq_penalty = _sampling(do_sample, temperature, top_k, top_p, min_p, typical_p, freq_penalty)
-    num_beams = check_int("num_beams", num_beams, minimum=1)
-    num_return_sequences = _num_return_sequences(num_return_sequences, num_beams, greedy)
+    for name in ("use_cache", "stop_at_eos", "verbose", "return_dict", "output_logits", "output_scores"):
+        check_bool(name, o[name])
+    max_new_tokens = _max_new_tokens(o["max_new_tokens"], prompt_width, model.cfg.n_ctx)
+    greedy, warpers, freq_penalty = _sampling(o)
+    num_beams = check_int("num_beams", o["num_beams"], minimum=1)
+    num_return_sequences = _num_return_sequences(o["num_return_sequences"], num_beams, greedy)
+    length_penalty, early_stopping = o["length_penalty"], o["early_stopping"]
     if not is_real(length_penalty) or not math.isfinite(length_penalty):
         error = ValueError if is_real(length_penalty) else ArgumentTypeError
         raise error(f"`length_penalty` must be a finite float, got {describe(length_penalty)}. 1.0 is neutral.")
     if not (isinstance(early_stopping, bool) or early_stopping == "never"):
         raise ValueError(f"`early_stopping` must be True, False or 'never', got {describe(early_stopping)}.")
-    top_logprobs = check_int("top_logprobs", top_logprobs, minimum=0, maximum=d_vocab, hint="0 records none.")
-    if (top_logprobs or output_logits or output_scores) and not return_dict:
+    hint = "0 records none."
+    records = Records(o["return_dict"], check_int("top_logprobs", o["top_logprobs"], minimum=0, maximum=d_vocab,
+                                                  hint=hint), o["output_logits"], o["output_scores"])  # fmt: skip
+    if (records.top_logprobs or records.output_logits or records.output_scores) and not records.on:
         raise ValueError(
             "`top_logprobs`, `output_logits` and `output_scores` are `GenerationOutput` records: add "
             "`return_dict=True` (or HF's `return_dict_in_generate=True`)."
         )
+    streamer = o["streamer"]
     _check_streamer(streamer)
-    if num_beams > 1 and (top_logprobs or output_logits or output_scores or streamer is not None):
+    if num_beams > 1 and (records.top_logprobs or records.output_logits or records.output_scores or streamer):
         raise ValueError(
             "Beam search records `logprobs` and `sequences_scores` only: `top_logprobs`, `output_logits`, "
             "`output_scores` and `streamer` need `num_beams=1`."
         )
 
-    eos = _eos_ids(model, eos_token_id)
-    eos = eos if stop_at_eos else []
+    eos = _eos_ids(model, o["eos_token_id"])  # checked even when unused
+    eos = eos if o["stop_at_eos"] else []
+    pad_token_id = o["pad_token_id"]
     pad = _token("pad_token_id", model.pad_token_id if pad_token_id is None else pad_token_id, d_vocab)
-    tokenizer = model.tokenizer if tokenizer is None else tokenizer
-    stopping = Stopping(
-        eos,
-        prompt_width,
-        _stop_strings(stop_strings, tokenizer),
-        tokenizer,
-        _criteria(stopping_criteria),
-        _max_time(max_time),
-        start,
-    )
+    tokenizer = model.tokenizer if o["tokenizer"] is None else o["tokenizer"]
+    stop_strings = _stop_strings(o["stop_strings"], tokenizer)
+    criteria = _criteria(o["stopping_criteria"])
+    stopping = Stopping(eos, prompt_width, stop_strings, tokenizer, criteria, _max_time(o["max_time"]), start)
     processors = build_processors(
-        prompt_length=prompt_width,
-        d_vocab=d_vocab,
-        eos_token_id=eos or None,
-        logit_bias=logit_bias,
-        repetition_penalty=repetition_penalty,
-        frequency_penalty=frequency_penalty,
-        presence_penalty=presence_penalty,
-        no_repeat_ngram_size=no_repeat_ngram_size,
-        bad_words_ids=bad_words_ids,
-        min_new_tokens=min_new_tokens,
-        logits_processor=logits_processor,
-    )
+        prompt_length=prompt_width, d_vocab=d_vocab, eos_token_id=eos or None,
+        **{name: o[name] for name in PROCESSOR_OPTIONS},
+    )  # fmt: skip
     if freq_penalty:
         # TransformerLens subtracts `freq_penalty * count` after dividing by the temperature; subtracting
         # `freq_penalty * temperature * count` before it is the same, and keeps the warpers pure.
-        processors.append(FrequencyPresencePenalty(freq_penalty * sampling["temperature"], 0.0, prompt_length=0))
+        processors.append(FrequencyPresencePenalty(freq_penalty * warpers["temperature"], 0.0, prompt_length=0))
+    generator = _generator(o["seed"], o["generator"], model.device)
     return Plan(
         max_new_tokens=max_new_tokens,
-        greedy=greedy,
-        **sampling,
-        generator=_generator(seed, generator, model.device),
-        processors=processors,
-        stopping=stopping,
+        use_cache=o["use_cache"],
         pad_token_id=pad,
         eos_token_ids=eos,
-        use_cache=use_cache,
-        num_beams=num_beams,
-        num_return_sequences=num_return_sequences,
-        length_penalty=float(length_penalty),
-        early_stopping=early_stopping,
-        record=return_dict,
-        top_logprobs=top_logprobs,
-        output_logits=output_logits,
-        output_scores=output_scores,
+        sampling=Sampling(greedy, **warpers, generator=generator, processors=processors),
+        stopping=stopping,
+        search=Search(num_beams, num_return_sequences, float(length_penalty), early_stopping),
+        records=records,
         streamer=streamer,
-        verbose=verbose,
+        verbose=o["verbose"],
     )
 
 
@@ -197,19 +187,12 @@ def _max_new_tokens(max_new_tokens: object, prompt_width: int, n_ctx: int | None
     return max_new_tokens
 
 
-def _sampling(
-    do_sample: bool,
-    temperature: float | None,
-    top_k: int | None,
-    top_p: float | None,
-    min_p: float | None,
-    typical_p: float | None,
-    freq_penalty: float | None,
-) -> tuple[bool, dict[str, Any], float]:
+def _sampling(o: Mapping[str, Any]) -> tuple[bool, dict[str, Any], float]:
     """Whether decoding is greedy, the warpers' values (HF's defaults filled in), and TL's ``freq_penalty``."""
+    do_sample = o["do_sample"]
     check_bool("do_sample", do_sample)
-    values = (temperature, top_k, top_p, min_p, typical_p, freq_penalty)
-    given = {k: v for k, v in zip(SAMPLING_ARGS, values, strict=True) if v is not None}
+    given = {k: o[k] for k in SAMPLING_ARGS if o[k] is not None}
+    temperature, top_k, top_p, min_p, typical_p, freq_penalty = (o[k] for k in SAMPLING_ARGS)
     if not do_sample and given:
         warnings.warn(
             f"`do_sample=False` decodes greedily, so {sorted(given)} have no effect. Drop `do_sample` (it then "

@@ -24,7 +24,8 @@ Example:
 """
 
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections import ChainMap
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,11 +35,12 @@ from torch import Tensor
 from transformers import GenerationConfig
 
 from ..checks import ArgumentTypeError, check_bool, check_device, check_int, describe, is_int
-from ..core import BridgeCore, Input, NamesFilter
+from ..core import BridgeCore
 from . import options
 from .keywords import UNSUPPORTED, is_number_or_flag
 from .options import Plan
 
+WARPERS = ("temperature", "top_k", "top_p", "min_p", "typical_p")
 DEFAULT_MAX_NEW_TOKENS = 20  # HF's default `max_length` of 20 counts new tokens when nothing is set
 # Config fields HF's `generate` reads only to pick a cache (Gemma2's config names one); ours is always a
 # `DynamicCache`, and the tokens are the same.
@@ -91,135 +93,76 @@ class Settings:
         return value is not None or (self.user is not None and getattr(self.user, name, None) is not None)
 
 
-def prepare(
-    model: BridgeCore,
-    input: Input | Mapping[str, Tensor] | None,
-    max_new_tokens: int | None,
-    *,
-    inputs: Input | Mapping[str, Tensor] | None,
-    input_ids: Tensor | None,
-    attention_mask: Tensor | None,
-    token_type_ids: Tensor | None,
-    generation_config: GenerationConfig | None,
-    max_length: int | None,
-    min_new_tokens: int | None,
-    min_length: int | None,
-    use_cache: bool | None,
-    use_past_kv_cache: bool | None,
-    do_sample: bool | None,
-    temperature: float | None,
-    top_k: int | None,
-    top_p: float | None,
-    min_p: float | None,
-    typical_p: float | None,
-    repetition_penalty: float | None,
-    frequency_penalty: float | None,
-    presence_penalty: float | None,
-    freq_penalty: float | None,
-    no_repeat_ngram_size: int | None,
-    bad_words_ids: Sequence[Sequence[int]] | None,
-    logit_bias: Mapping[int, float] | None,
-    eos_token_id: int | Sequence[int] | None,
-    stop_at_eos: bool,
-    pad_token_id: int | None,
-    stop_strings: str | Sequence[str] | None,
-    tokenizer: Any,
-    max_time: float | None,
-    stopping_criteria: Sequence[Callable] | None,
-    logits_processor: Sequence[Callable] | None,
-    num_return_sequences: int | None,
-    num_beams: int | None,
-    length_penalty: float | None,
-    early_stopping: bool | str | None,
-    seed: int | None,
-    generator: torch.Generator | None,
-    streamer: Any,
-    verbose: bool,
-    return_type: str,
-    return_dict: bool,
-    return_dict_in_generate: bool | None,
-    top_logprobs: int,
-    output_logits: bool | None,
-    output_scores: bool | None,
-    return_cache: bool,
-    names_filter: NamesFilter,
-    device: str | torch.device | None,
-    prepend_bos: bool | None,
-    padding_side: str | None,
-    controller: Any,
-    max_steps: int | None,
-) -> Request:
-    """Resolve every argument of `generate` (see the module docstring); raises before any forward.
+# Options a generation config can set, resolved as HF does (keyword, else the configs, else this default).
+CONFIGURABLE = {"repetition_penalty": None, "no_repeat_ngram_size": None, "bad_words_ids": None, "stop_strings": None,
+                "max_time": None, "num_return_sequences": 1, "num_beams": 1, "length_penalty": 1.0,
+                "early_stopping": False}  # fmt: skip
 
-    Every argument is required here: the defaults live in `generate`'s signature only.
-    """
-    if not isinstance(return_type, str) or return_type not in ("input", "str", "tokens"):
-        raise ValueError(f"`return_type` must be 'input', 'str' or 'tokens', got {describe(return_type)}.")
-    for name, flag in (("return_cache", return_cache), ("return_dict", return_dict)):
-        check_bool(name, flag)
-    if prepend_bos is not None:
-        check_bool("prepend_bos", prepend_bos)
-    if not return_cache and (names_filter is not None or device is not None):
+
+def prepare(model: BridgeCore, a: Mapping[str, Any]) -> Request:
+    """Resolve every argument of `generate` (``a``: its arguments by name, see the module docstring); raises
+    before any forward. The defaults live in `generate`'s signature only; the names are `generate`'s."""
+    if not isinstance(a["return_type"], str) or a["return_type"] not in ("input", "str", "tokens"):
+        raise ValueError(f"`return_type` must be 'input', 'str' or 'tokens', got {describe(a['return_type'])}.")
+    for name in ("return_cache", "return_dict"):
+        check_bool(name, a[name])
+    if a["prepend_bos"] is not None:
+        check_bool("prepend_bos", a["prepend_bos"])
+    return_cache = a["return_cache"]
+    if not return_cache and (a["names_filter"] is not None or a["device"] is not None):
         raise ValueError("`names_filter` and `device` only apply with `return_cache=True`.")
-    if isinstance(max_new_tokens, GenerationConfig):
+    if isinstance(a["max_new_tokens"], GenerationConfig):
         raise ArgumentTypeError(
             "`max_new_tokens` (the second positional argument) got a GenerationConfig; HF's `generate` takes "
             "it there, this one by name: `generate(tokens, generation_config=config)`."
         )
-    names = model.names_matching(names_filter) if return_cache else []
-    device = check_device(device) if return_cache else None
+    names = model.names_matching(a["names_filter"]) if return_cache else []
+    device = check_device(a["device"]) if return_cache else None
 
-    settings = Settings(_user_config(generation_config), getattr(model.hf_model, "generation_config", None))
+    settings = Settings(_user_config(a["generation_config"]), getattr(model.hf_model, "generation_config", None))
     _check_configs(settings)
+    given = (a["input"], a["inputs"], a["input_ids"])
     tokens, mask, prompts, single = _prompt(
-        model, settings, (input, inputs, input_ids), attention_mask, token_type_ids, prepend_bos, padding_side
+        model, settings, given, a["attention_mask"], a["token_type_ids"], a["prepend_bos"], a["padding_side"]
     )
-    text_in = prompts is not None
-    text_out = return_type == "str" or (return_type == "input" and text_in)
+    text_out = a["return_type"] == "str" or (a["return_type"] == "input" and prompts is not None)
     if text_out:
         model._require_tokenizer()
     width = tokens.shape[1]
-    max_new_tokens, min_new_tokens = _lengths(
-        settings, width, model.cfg.n_ctx, max_new_tokens, max_length, min_new_tokens, min_length
-    )
-    do_sample, warpers = _sampling(settings, do_sample, temperature, top_k, top_p, min_p, typical_p, freq_penalty)
-    if use_cache is not None and use_past_kv_cache is not None and use_cache != use_past_kv_cache:
+    max_new, min_new = _lengths(settings, width, model.cfg.n_ctx, a)
+    do_sample, warpers = _sampling(settings, a)
+    use_cache, tl_use_cache = a["use_cache"], a["use_past_kv_cache"]
+    if use_cache is not None and tl_use_cache is not None and use_cache != tl_use_cache:
         raise ValueError(
-            f"`use_cache`={use_cache!r} and `use_past_kv_cache`={use_past_kv_cache!r} disagree; they are one "
+            f"`use_cache`={use_cache!r} and `use_past_kv_cache`={tl_use_cache!r} disagree; they are one "
             "option (HF's and TransformerLens' names for it): pass one."
         )
-    hf_layout = settings("return_dict_in_generate", return_dict_in_generate, False)
+    hf_layout = settings("return_dict_in_generate", a["return_dict_in_generate"], False)
     check_bool("return_dict_in_generate", hf_layout)
-    outputs = {"output_logits": output_logits, "output_scores": output_scores}
-    if not (return_dict or hf_layout):
+    return_dict = a["return_dict"] or hf_layout
+    outputs = {k: a[k] for k in ("output_logits", "output_scores")}
+    if not return_dict:
         # HF ignores an output flag without `return_dict_in_generate`; one passed here is an error
         # (`plan` names it), one from a generation config is ignored as HF does.
         outputs = {k: v if settings.by_user(k, v) else False for k, v in outputs.items()}
     outputs = {k: settings(k, v, False) for k, v in outputs.items()}
 
-    plan = options.plan(
-        model, width, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
-        use_cache=settings("use_cache", use_cache if use_cache is not None else use_past_kv_cache, True),
-        do_sample=do_sample, **warpers,
-        repetition_penalty=settings("repetition_penalty", repetition_penalty),
-        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, freq_penalty=freq_penalty,
-        no_repeat_ngram_size=settings("no_repeat_ngram_size", no_repeat_ngram_size),
-        bad_words_ids=settings("bad_words_ids", bad_words_ids), logit_bias=logit_bias,
-        # The model's own EOS (its generation config, then config, then tokenizer) is `plan`'s default.
-        eos_token_id=eos_token_id if eos_token_id is not None else getattr(settings.user, "eos_token_id", None),
-        stop_at_eos=stop_at_eos, pad_token_id=_pad_token_id(model, settings, pad_token_id),
-        stop_strings=settings("stop_strings", stop_strings), tokenizer=tokenizer,
-        max_time=settings("max_time", max_time), stopping_criteria=stopping_criteria,
-        logits_processor=logits_processor,
-        num_return_sequences=settings("num_return_sequences", num_return_sequences, 1),
-        num_beams=settings("num_beams", num_beams, 1), length_penalty=settings("length_penalty", length_penalty, 1.0),
-        early_stopping=settings("early_stopping", early_stopping, False), seed=seed, generator=generator,
-        streamer=streamer, verbose=verbose, return_dict=return_dict or hf_layout, top_logprobs=top_logprobs,
-        **outputs,
-    )  # fmt: skip
-    steps = _control(controller, max_steps, plan)
-    return Request(tokens, mask, prompts, single, text_out, plan, return_dict or hf_layout, hf_layout, return_cache,
-                   names, device, controller, steps)  # fmt: skip
+    plan = options.plan(model, width, ChainMap({  # what is resolved here, else the argument as given
+        **{name: settings(name, a[name], default) for name, default in CONFIGURABLE.items()},
+        "max_new_tokens": max_new, "min_new_tokens": min_new, "do_sample": do_sample, **warpers,
+        "use_cache": settings("use_cache", use_cache if use_cache is not None else tl_use_cache, True),
+        "eos_token_id": _user_eos(settings, a["eos_token_id"]),
+        "pad_token_id": _pad_token_id(model, settings, a["pad_token_id"]), "return_dict": return_dict, **outputs,
+    }, a))  # fmt: skip
+    steps = _control(a["controller"], a["max_steps"], plan)
+    return Request(tokens, mask, prompts, single, text_out, plan, return_dict, hf_layout, return_cache, names, device,
+                   a["controller"], steps)  # fmt: skip
+
+
+def _user_eos(settings: Settings, eos_token_id: Any) -> Any:
+    """The keyword, else the caller's ``generation_config``; the model's own EOS (its generation config,
+    then config, then tokenizer) is `plan`'s default."""
+    return eos_token_id if eos_token_id is not None else getattr(settings.user, "eos_token_id", None)
 
 
 def _control(controller: Any, max_steps: int | None, plan: Plan) -> int:
@@ -228,9 +171,11 @@ def _control(controller: Any, max_steps: int | None, plan: Plan) -> int:
         if max_steps is not None:
             raise ValueError("`max_steps` bounds a controlled generation: it needs a `controller`.")
         return 0
-    clash = [name for name, on in (("num_beams > 1", plan.num_beams > 1), ("streamer", plan.streamer is not None),
-                                   ("top_logprobs", plan.top_logprobs), ("output_logits", plan.output_logits),
-                                   ("output_scores", plan.output_scores)) if on]  # fmt: skip
+    r = plan.records
+    clash = [name for name, on in (("num_beams > 1", plan.search.num_beams > 1),
+                                   ("streamer", plan.streamer is not None), ("top_logprobs", r.top_logprobs),
+                                   ("output_logits", r.output_logits), ("output_scores", r.output_scores))
+             if on]  # fmt: skip
     if clash:
         raise ValueError(
             f"`controller` cannot be combined with {clash}: a controller may backtrack and fork rows, which beam "
@@ -374,16 +319,10 @@ def left_aligned(
     return tokens.gather(1, index), mask.gather(1, index)
 
 
-def _lengths(
-    settings: Settings,
-    width: int,
-    n_ctx: int | None,
-    max_new_tokens: int | None,
-    max_length: int | None,
-    min_new_tokens: int | None,
-    min_length: int | None,
-) -> tuple[Any, Any]:
+def _lengths(settings: Settings, width: int, n_ctx: int | None, a: Mapping[str, Any]) -> tuple[Any, Any]:
     """``max_new_tokens`` and ``min_new_tokens`` from HF's four length options (``*_length`` count the prompt)."""
+    max_new_tokens, max_length = a["max_new_tokens"], a["max_length"]
+    min_new_tokens, min_length = a["min_new_tokens"], a["min_length"]
     new, total = settings("max_new_tokens", max_new_tokens), settings("max_length", max_length)
     if new is not None:
         if total is not None and settings.by_user("max_length", max_length):
@@ -418,16 +357,7 @@ def _warn_both(new_name: str, new: Any, total_name: str, total: Any) -> None:
     )
 
 
-def _sampling(
-    settings: Settings,
-    do_sample: bool | None,
-    temperature: float | None,
-    top_k: int | None,
-    top_p: float | None,
-    min_p: float | None,
-    typical_p: float | None,
-    freq_penalty: float | None,
-) -> tuple[Any, dict[str, Any]]:
+def _sampling(settings: Settings, a: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     """``do_sample`` and the warpers' values.
 
     ``do_sample=None``: sampling exactly when a sampling keyword is given, else the configs' ``do_sample``
@@ -435,8 +365,9 @@ def _sampling(
     reads them only then too); when greedy, only explicit keywords go on (`plan` warns that they do
     nothing).
     """
-    warpers = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "typical_p": typical_p}
-    explicit = freq_penalty is not None or any(v is not None for v in warpers.values())
+    warpers = {name: a[name] for name in WARPERS}
+    explicit = a["freq_penalty"] is not None or any(v is not None for v in warpers.values())
+    do_sample = a["do_sample"]
     if do_sample is None:
         do_sample = True if explicit else settings("do_sample", None, False)
     if do_sample is True:

@@ -30,9 +30,10 @@ def chunks(model: BridgeCore, request: Request, every: int) -> Iterator[Chunk]:
     """
     p = request.plan
     tokens, mask = request.tokens, request.mask
-    if p.num_return_sequences > 1:
-        tokens = tokens.repeat_interleave(p.num_return_sequences, dim=0)
-        mask = mask.repeat_interleave(p.num_return_sequences, dim=0)
+    n = p.search.num_return_sequences
+    if n > 1:
+        tokens = tokens.repeat_interleave(n, dim=0)
+        mask = mask.repeat_interleave(n, dim=0)
     text = _Text(model, request, tokens, mask) if request.text_out else None
     pending: list[Tensor] = [tokens]
     for token, real in decode_steps(model, tokens, mask, p):
@@ -61,7 +62,7 @@ class _Text:
 
     def __init__(self, model: BridgeCore, request: Request, tokens: Tensor, mask: Tensor) -> None:
         self.tokenizer = model.tokenizer
-        n = request.plan.num_return_sequences
+        n = request.plan.search.num_return_sequences
         if request.prompts is not None:  # text in: the prompt as given, then the decoded completion
             self.heads = [request.prompts[i // n] for i in range(tokens.shape[0])]
             self.ids: list[list[int]] = [[] for _ in self.heads]
