@@ -169,7 +169,7 @@ def test_logit_attrs_sum_to_logit_minus_bias_terms(bridge, full_cache):
     logits, cache = full_cache
     target = TOKENS[:, -1]  # any token per row
     attrs = cache.logit_attrs(cache.decompose_resid(pos_slice=-1), tokens=target, pos_slice=-1)
-    assert attrs.shape == (cache.decompose_resid().shape[0], TOKENS.shape[0], 1)
+    assert attrs.shape == (cache.decompose_resid().shape[0], TOKENS.shape[0])  # an int pos_slice drops the axis
     norm = get_module(bridge.hf_model, bridge.adapter.ln_final)
     w_u = bridge.hf_model.get_output_embeddings().weight[target]  # [batch, d_model]
     beta = getattr(norm, "bias", None)
@@ -179,12 +179,12 @@ def test_logit_attrs_sum_to_logit_minus_bias_terms(bridge, full_cache):
     logit = logits[rows, -1, target]
     if cap:  # Gemma 2: attributions explain the logit before soft-capping
         logit = torch.atanh(logit / cap) * cap
-    torch.testing.assert_close(attrs.sum(0)[:, 0], logit - bias_terms, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(attrs.sum(0), logit - bias_terms, atol=1e-4, rtol=1e-4)
     # Contrast with another token: attributions of the difference.
     diff = cache.logit_attrs(cache.decompose_resid(pos_slice=-1), tokens=5, incorrect_tokens=6, pos_slice=-1)
     expected = (logits[:, -1, 5] - logits[:, -1, 6]) if not cap else None
     if expected is not None:
-        torch.testing.assert_close(diff.sum(0)[:, 0], expected - (
+        torch.testing.assert_close(diff.sum(0), expected - (
             (bridge.hf_model.get_output_embeddings().weight[5] - bridge.hf_model.get_output_embeddings().weight[6])
             @ beta if beta is not None else 0), atol=1e-4, rtol=1e-4)  # fmt: skip
 

@@ -202,12 +202,13 @@ class ActivationCache(Mapping[str, Tensor]):
         return self._tensors[name]
 
     def _select(self, t: Tensor, selection: Any, dim: int, param: str) -> Tensor:
-        """``t`` along ``dim`` at an int (the axis kept), a slice or a list of indices; None keeps all."""
+        """``t`` along ``dim`` at an int (the axis dropped, as TransformerLens), a slice or a list of indices;
+        None keeps all."""
         if selection is None:
             return t
         selection = check_pos_slice(selection, t.shape[dim], param)
         if isinstance(selection, int):
-            return t.narrow(dim, selection, 1)
+            return t.select(dim, selection)
         if isinstance(selection, list):
             return t.index_select(dim, torch.as_tensor(selection, device=t.device))
         return t[(slice(None),) * dim + (selection,)]

@@ -177,9 +177,13 @@ def apply_ln_to_stack(
             return residual_stack  # the sublayer reads the residual stream as it is
     scale = cache._at_pos(cache._get(name, "apply_ln_to_stack"), pos_slice)
     if cache.has_batch_dim:
+        rank = scale.dim()
         scale = cache._select(scale, batch_slice, 0, "batch_slice")
+        one_row = scale.dim() < rank  # an int batch_slice dropped the batch axis
         if has_batch_dim:
             residual_stack = cache._select(residual_stack, batch_slice, 1, "batch_slice")
+        elif one_row:
+            pass
         elif scale.shape[0] == 1:
             scale = scale[0]
         else:
@@ -314,10 +318,13 @@ def get_neuron_results(
     layer = resolve_layer(layer, model.cfg.n_layers, final=False)
     post = cache._at_pos(cache._get(f"blocks.{layer}.mlp.hook_post", "get_neuron_results"), pos_slice)
     post, weight = _matched(post, out_weight(model, layer))
-    if neuron_slice is not None:
-        post = cache._select(post, neuron_slice, post.dim() - 1, "neuron_slice")
-        weight = cache._select(weight, neuron_slice, 0, "neuron_slice")
-    return _to_resid(cache, model, layer, "mlp", post[..., None] * weight, pos_slice, per_part=True)
+    one = False
+    if neuron_slice is not None:  # an int drops the neuron axis (TL), computed as a one-neuron list
+        chosen = cache._select(torch.arange(post.shape[-1]), neuron_slice, 0, "neuron_slice")
+        one, chosen = chosen.dim() == 0, chosen.reshape(-1)
+        post, weight = post.index_select(-1, chosen.to(post.device)), weight.index_select(0, chosen.to(weight.device))
+    out = _to_resid(cache, model, layer, "mlp", post[..., None] * weight, pos_slice, per_part=True)
+    return out.squeeze(-2) if one else out
 
 
 def stack_neuron_results(
@@ -335,7 +342,8 @@ def stack_neuron_results(
     layer = resolve_layer(layer, model.cfg.n_layers)
     neurons = torch.arange(model.cfg.d_mlp)
     if neuron_slice is not None:
-        neurons = cache._select(neurons, neuron_slice, 0, "neuron_slice")
+        neurons = cache._select(neurons, neuron_slice, 0, "neuron_slice").reshape(-1)
+        neuron_slice = neurons.tolist()  # one neuron per layer is still a component axis here
     parts = [get_neuron_results(cache, i, neuron_slice, pos_slice).movedim(-2, 0) for i in range(layer)]
     labels = [f"L{i}N{n}" for i in range(layer) for n in neurons.tolist()]
     return _finish(cache, parts, labels, layer, mlp_input, incl_remainder, pos_slice, apply_ln, return_labels)

@@ -50,8 +50,11 @@ def test_full_decomposition_sums_to_the_residual(run):
             assert labels[: attn_layers * heads] == [f"L{i}H{h}" for i in range(attn_layers) for h in range(heads)]
             moe = [f"blocks.{i}.mlp.hook_post" not in model.hook_dict for i in range(layer)]  # one row per MoE block
             assert labels[attn_layers * heads :] == [
-                *(label for i in range(layer) for label in
-                  ([f"{i}_mlp_out"] if moe[i] else (f"L{i}N{j}" for j in range(d_mlp)))),
+                *(
+                    label
+                    for i in range(layer)
+                    for label in ([f"{i}_mlp_out"] if moe[i] else (f"L{i}N{j}" for j in range(d_mlp)))
+                ),
                 *embeds,
                 "bias",
             ]
@@ -62,8 +65,8 @@ def test_full_decomposition_sums_to_the_residual(run):
             assert [lab for lab in labels if "mlp" in lab] == [f"{i}_mlp_out" for i in range(layer)]
     normed = cache.get_full_resid_decomposition(apply_ln=True)
     torch.testing.assert_close(normed.sum(0), cache["ln_final.hook_normalized"], atol=1e-4, rtol=1e-4)
-    last = cache.get_full_resid_decomposition(1, pos_slice=-1)
-    torch.testing.assert_close(last, cache.get_full_resid_decomposition(1)[:, :, -1:])
+    last = cache.get_full_resid_decomposition(1, pos_slice=-1)  # an int drops the position axis, as in TL
+    torch.testing.assert_close(last, cache.get_full_resid_decomposition(1)[:, :, -1])
 
 
 @pytest.mark.parametrize("family, config", [("llama", dict(attention_bias=True, mlp_bias=True)),
@@ -112,7 +115,7 @@ def test_neurons_sum_to_mlp_out_minus_b_out(run):
     model, cache = run
     blocks = get_module(model.hf_model, model.adapter.blocks)
     if any(f"blocks.{i}.mlp.hook_post" not in model.hook_dict for i in range(model.cfg.n_layers)):
-        with pytest.raises(KeyError, match="mlp.hook_post"):  # a mixture-of-experts block has no neurons
+        with pytest.raises(KeyError, match=r"mlp\.hook_post"):  # a mixture-of-experts block has no neurons
             cache.get_neuron_results(1)
         return
     for layer in range(model.cfg.n_layers):
@@ -123,8 +126,8 @@ def test_neurons_sum_to_mlp_out_minus_b_out(run):
         torch.testing.assert_close(
             neurons.sum(-2), (cache["mlp_out", layer] - (b_out if b_out is not None else 0)) * r, **TOL
         )
-        assert torch.equal(cache.get_neuron_results(layer, neuron_slice=3), neurons[..., 3:4, :])
-        assert torch.equal(cache.get_neuron_results(layer, neuron_slice=[5, 1], pos_slice=-1), neurons[:, -1:, [5, 1]])
+        assert torch.equal(cache.get_neuron_results(layer, neuron_slice=3), neurons[..., 3, :])
+        assert torch.equal(cache.get_neuron_results(layer, neuron_slice=[5, 1], pos_slice=-1), neurons[:, -1, [5, 1]])
     stack, labels = cache.stack_neuron_results(2, neuron_slice=slice(0, 4), return_labels=True, incl_remainder=True)
     assert labels == [f"L{i}N{j}" for i in range(2) for j in range(4)] + ["remainder"]
     torch.testing.assert_close(stack.sum(0), cache["resid_post", 1], **TOL)
@@ -197,7 +200,7 @@ def test_logit_attrs_tl_args(run):
     model, cache = run
     parts = cache.decompose_resid(pos_slice=-1)
     by_id = cache.logit_attrs(parts, tokens=TOKENS[:, -1], pos_slice=-1)
-    assert by_id.shape == (parts.shape[0], 2, 1)
+    assert by_id.shape == (parts.shape[0], 2)  # an int pos_slice drops the position axis, as in TL
     by_str = cache.logit_attrs(parts, "a", pos_slice=-1)
     assert torch.equal(by_str, cache.logit_attrs(parts, model.to_single_token("a"), pos_slice=-1))
     per_pos = cache.logit_attrs(cache.decompose_resid(), tokens=torch.arange(10, 16))  # one token per position

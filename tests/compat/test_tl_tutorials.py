@@ -53,10 +53,9 @@ def check_logit_lens(model, prompts, answers):
 
     def residual_stack_to_logit_diff(residual_stack, cache):
         scaled = cache.apply_ln_to_stack(residual_stack, layer=-1, pos_slice=-1)
-        # The bridge keeps the position axis for an int `pos_slice` (TL drops it): take it out here.
-        return torch.einsum("...bpd,bd->...", scaled, logit_diff_directions) / len(prompts)
+        return torch.einsum("...bd,bd->...", scaled, logit_diff_directions) / len(prompts)
 
-    final_token_resid = cache["resid_post", -1][:, -1:, :]
+    final_token_resid = cache["resid_post", -1][:, -1, :]
     direct = residual_stack_to_logit_diff(final_token_resid, cache)
     torch.testing.assert_close(direct + bias_diff(model, answer_toks), original, **TOL)
 
@@ -70,13 +69,13 @@ def check_logit_lens(model, prompts, answers):
     torch.testing.assert_close(residual_stack_to_logit_diff(per_layer, cache).sum(), direct, **TOL)
 
     per_head = cache.stack_head_results(layer=-1, pos_slice=-1, apply_ln=True)  # normed: skip apply_ln below
-    head_attrs = torch.einsum("cbpd,bd->c", per_head, logit_diff_directions) / len(prompts)
+    head_attrs = torch.einsum("cbd,bd->c", per_head, logit_diff_directions) / len(prompts)
     full, full_labels = cache.get_full_resid_decomposition(
         pos_slice=-1, expand_neurons=False, apply_ln=True, return_labels=True
     )
     n_heads = model.cfg.n_layers * model.cfg.n_heads
     assert full_labels[:n_heads] == [f"L{i}H{h}" for i in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
-    full_attrs = torch.einsum("cbpd,bd->c", full, logit_diff_directions) / len(prompts)
+    full_attrs = torch.einsum("cbd,bd->c", full, logit_diff_directions) / len(prompts)
     torch.testing.assert_close(full_attrs[:n_heads], head_attrs, **TOL)
     torch.testing.assert_close(full_attrs.sum(), direct, **TOL)
 
@@ -200,11 +199,17 @@ def test_generate_with_steering_hook(model):
     assert not model.hook_dict["blocks.1.hook_resid_pre"].has_hooks()
 
 
-@pytest.mark.xfail(strict=True, reason="TL drops the position axis for an int pos_slice; the bridge keeps it")
 @torch.no_grad()
 def test_int_pos_slice_drops_the_axis_like_tl(model):
-    _, cache = model.run_with_cache(model.to_tokens(CLEAN))
-    assert cache.accumulated_resid(layer=-1, pos_slice=-1).shape == (model.cfg.n_layers + 1, 2, model.cfg.d_model)
+    """Cache helpers drop the position axis for an int (TL's Slice); run_with_cache keeps it (TL 4's bridge)."""
+    tokens = model.to_tokens(CLEAN)
+    _, cache = model.run_with_cache(tokens)
+    stack = cache.accumulated_resid(layer=-1, pos_slice=-1)
+    assert stack.shape == (model.cfg.n_layers + 1, 2, model.cfg.d_model)
+    assert torch.equal(stack, cache.accumulated_resid(layer=-1)[:, :, -1])
+    assert torch.equal(cache.accumulated_resid(layer=-1, pos_slice=[-1])[:, :, 0], stack)  # a list keeps the axis
+    _, last = model.run_with_cache(tokens, pos_slice=-1)
+    assert torch.equal(last["resid_post", 0], cache["resid_post", 0][:, -1:])
 
 
 # -- SmolLM2: the IOI prompt of the Exploratory Analysis demo, a few forwards ------------------------
