@@ -15,6 +15,7 @@ from torch import Tensor
 from . import cache_tl
 from .checks import check_device
 from .names import HookNames, NotCachedError, get_act_name
+from .utils import Slice
 
 
 class CacheModel(Protocol):
@@ -42,6 +43,8 @@ def check_pos_slice(pos_slice: Any, n_pos: int, param: str = "pos_slice") -> int
         >>> check_pos_slice(-1, 5)
         4
     """
+    if isinstance(pos_slice, Slice):  # TransformerLens' wrapper: its int / slice / index tensor
+        pos_slice = pos_slice.slice
     if isinstance(pos_slice, bool):
         raise TypeError(f"`{param}` must be an int, a slice or a list of ints, got bool {pos_slice!r}.")
     if isinstance(pos_slice, Tensor) and pos_slice.dim() == 0:
@@ -174,6 +177,15 @@ class ActivationCache(Mapping[str, Tensor]):
         mask = None if self.attention_mask is None else self.attention_mask.to(device)
         lengths = None if self.prompt_lengths is None else self.prompt_lengths.to(device)
         return self._derive(out, attention_mask=mask, prompt_lengths=lengths)
+
+    def apply_slice_to_batch_dim(self, batch_slice: PosSlice | None) -> "ActivationCache":
+        """The cache at the rows ``batch_slice`` selects (TransformerLens' `Slice` rules: an int drops the
+        batch axis, leaving a cache without one).
+
+        Example:
+            >>> cache.apply_slice_to_batch_dim(0)["resid_post", 0].shape   # [pos, d_model]
+        """
+        return cache_tl.apply_slice_to_batch_dim(self, batch_slice)
 
     def remove_batch_dim(self) -> "ActivationCache":
         """Drop the batch dimension of a batch-1 cache."""
@@ -310,17 +322,22 @@ class ActivationCache(Mapping[str, Tensor]):
         return cache_tl.stack_head_results(self, layer, return_labels, incl_remainder, pos_slice, apply_ln)
 
     def get_neuron_results(
-        self, layer: int, neuron_slice: PosSlice | None = None, pos_slice: PosSlice | None = None
+        self,
+        layer: int,
+        neuron_slice: PosSlice | None = None,
+        pos_slice: PosSlice | None = None,
+        project_output_onto: Tensor | None = None,
     ) -> Float[Tensor, "*batch pos neuron d_model"]:
         """Each neuron's contribution to the residual stream in block ``layer``: ``hook_post[n] * W_out[n]``.
 
         The down projection's bias is not included (see `accumulated_bias`); Gemma 2's go through the
         post-feedforward norm at its cached scale. Not stored: it is large and cheap to recompute.
+        ``project_output_onto`` (``[d_model]`` or ``[d_model, k]``) contracts the ``d_model`` axis with it.
 
         Example:
             >>> cache.get_neuron_results(0, neuron_slice=[3, 7]).shape   # [batch, pos, 2, d_model]
         """
-        return cache_tl.get_neuron_results(self, layer, neuron_slice, pos_slice)
+        return cache_tl.get_neuron_results(self, layer, neuron_slice, pos_slice, project_output_onto)
 
     def stack_neuron_results(
         self,
@@ -331,18 +348,21 @@ class ActivationCache(Mapping[str, Tensor]):
         incl_remainder: bool = False,
         apply_ln: bool = False,
         mlp_input: bool = False,
+        project_output_onto: Tensor | None = None,
     ) -> Float[Tensor, "component *batch pos d_model"] | tuple[Tensor, list[str]]:
         """Each neuron's contribution (`get_neuron_results`) in the layers before ``layer``, stacked.
 
         Rows are labelled ``L{layer}N{neuron}``; ``incl_remainder`` adds ``"remainder"``, the residual
-        entering ``layer`` (its MLP with ``mlp_input``) minus the neurons. Large: ``layer * d_mlp`` rows.
+        entering ``layer`` (its MLP with ``mlp_input``) minus the neurons. Large: ``layer * d_mlp`` rows;
+        ``project_output_onto`` (``[d_model]`` or ``[d_model, k]``) contracts the ``d_model`` axis with it.
 
         Example:
             >>> neurons, labels = cache.stack_neuron_results(1, return_labels=True)   # labels "L0N0", …
         """
         return cache_tl.stack_neuron_results(
-            self, layer, pos_slice, neuron_slice, return_labels, incl_remainder, apply_ln, mlp_input
-        )
+            self, layer, pos_slice, neuron_slice, return_labels, incl_remainder, apply_ln, mlp_input,
+            project_output_onto,
+        )  # fmt: skip
 
     def accumulated_bias(
         self, layer: int | None, mlp_input: bool = False, include_mlp_biases: bool = True
@@ -366,6 +386,7 @@ class ActivationCache(Mapping[str, Tensor]):
         apply_ln: bool = False,
         pos_slice: PosSlice | None = None,
         return_labels: bool = False,
+        project_output_onto: Tensor | None = None,
     ) -> Float[Tensor, "component *batch pos d_model"] | tuple[Tensor, list[str]]:
         """The residual entering ``layer`` as every head, every neuron (or MLP), the embeddings and the biases.
 
@@ -374,13 +395,14 @@ class ActivationCache(Mapping[str, Tensor]):
         (every ``b_O``, and ``b_out`` with ``expand_neurons``). They sum to ``resid_pre[layer]``
         (``resid_mid`` with ``mlp_input``; the final residual for ``layer`` None) up to rounding, on
         every family; for Gemma 2 through the sandwich norms at their cached scales.
+        ``project_output_onto`` (``[d_model]`` or ``[d_model, k]``) contracts the ``d_model`` axis with it.
 
         Example:
             >>> parts, labels = cache.get_full_resid_decomposition(return_labels=True)
             >>> attrs = cache.logit_attrs(parts, tokens=model.to_single_token(" Paris"))
         """
         return cache_tl.get_full_resid_decomposition(
-            self, layer, mlp_input, expand_neurons, apply_ln, pos_slice, return_labels
+            self, layer, mlp_input, expand_neurons, apply_ln, pos_slice, return_labels, project_output_onto
         )
 
     def stack_activation(

@@ -311,7 +311,7 @@ def stack_head_results(
 
 # -- neurons ----------------------------------------------------------------------------------
 def get_neuron_results(
-    cache: Cache, layer: int, neuron_slice: Any = None, pos_slice: Any = None
+    cache: Cache, layer: int, neuron_slice: Any = None, pos_slice: Any = None, project_output_onto: Any = None
 ) -> Float[Tensor, "... pos neuron d_model"]:
     """Each neuron's contribution ``hook_post[n] * W_out[n]`` in block ``layer``; see the cache method."""
     model = _model(cache)
@@ -324,7 +324,7 @@ def get_neuron_results(
         one, chosen = chosen.dim() == 0, chosen.reshape(-1)
         post, weight = post.index_select(-1, chosen.to(post.device)), weight.index_select(0, chosen.to(weight.device))
     out = _to_resid(cache, model, layer, "mlp", post[..., None] * weight, pos_slice, per_part=True)
-    return out.squeeze(-2) if one else out
+    return project(out.squeeze(-2) if one else out, project_output_onto)
 
 
 def stack_neuron_results(
@@ -336,6 +336,7 @@ def stack_neuron_results(
     incl_remainder: bool = False,
     apply_ln: bool = False,
     mlp_input: bool = False,
+    project_output_onto: Any = None,
 ) -> Float[Tensor, "component ... pos d_model"] | tuple[Tensor, list[str]]:
     """Every neuron's contribution before ``layer``; see `ActivationCache.stack_neuron_results`."""
     model = _model(cache)
@@ -346,7 +347,8 @@ def stack_neuron_results(
         neuron_slice = neurons.tolist()  # one neuron per layer is still a component axis here
     parts = [get_neuron_results(cache, i, neuron_slice, pos_slice).movedim(-2, 0) for i in range(layer)]
     labels = [f"L{i}N{n}" for i in range(layer) for n in neurons.tolist()]
-    return _finish(cache, parts, labels, layer, mlp_input, incl_remainder, pos_slice, apply_ln, return_labels)
+    out = _finish(cache, parts, labels, layer, mlp_input, incl_remainder, pos_slice, apply_ln, return_labels)
+    return project(out, project_output_onto)
 
 
 def _finish(
@@ -400,6 +402,7 @@ def get_full_resid_decomposition(
     apply_ln: bool = False,
     pos_slice: Any = None,
     return_labels: bool = False,
+    project_output_onto: Any = None,
 ) -> Float[Tensor, "component ... pos d_model"] | tuple[Tensor, list[str]]:
     """Heads, neurons (or MLPs), embeddings and biases; see `ActivationCache.get_full_resid_decomposition`."""
     model = _model(cache)
@@ -418,4 +421,48 @@ def get_full_resid_decomposition(
     labels = [*_labels(picked), "bias"]
     if apply_ln:
         stack = cache.apply_ln_to_stack(stack, layer, mlp_input=mlp_input, pos_slice=pos_slice)
-    return (stack, labels) if return_labels else stack
+    return project((stack, labels) if return_labels else stack, project_output_onto)
+
+
+def project(result: Any, direction: Any) -> Any:
+    """``result`` (a stack, or ``(stack, labels)``) with its ``d_model`` axis contracted with ``direction``:
+    ``[d_model]`` drops the axis, ``[d_model, k]`` replaces it by ``k``. None leaves it as it is."""
+    if direction is None:
+        return result
+    stack, labels = result if isinstance(result, tuple) else (result, None)
+    if not isinstance(direction, Tensor) or direction.dim() not in (1, 2) or direction.shape[0] != stack.shape[-1]:
+        raise ArgumentTypeError(
+            f"`project_output_onto` must be a tensor [d_model] or [d_model, k] with d_model {stack.shape[-1]}, got "
+            f"{describe(direction)}"
+            + (f" of shape {tuple(direction.shape)}." if isinstance(direction, Tensor) else ".")
+        )
+    out = stack @ direction.to(stack.device, stack.dtype)
+    return out if labels is None else (out, labels)
+
+
+def apply_slice_to_batch_dim(cache: Cache, batch_slice: Any) -> Cache:
+    """The cache with ``batch_slice`` applied to every tensor's batch axis (an int drops the axis: the result has
+    no batch dimension); see `ActivationCache.apply_slice_to_batch_dim`."""
+    if not cache.has_batch_dim:
+        if batch_slice is None:
+            return cache
+        raise ValueError("`batch_slice` needs a cache with a batch axis; this one has none (remove_batch_dim).")
+    mask = cache.attention_mask
+    rows = cache._select(torch.arange(mask.shape[0] if mask is not None else _batch(cache)), batch_slice, 0,
+                         "batch_slice")  # fmt: skip
+    taken: dict[int, Tensor] = {}  # aliases of one tensor stay one tensor
+    for t in cache.cache_dict.values():
+        if id(t) not in taken:
+            taken[id(t)] = cache._select(t, batch_slice, 0, "batch_slice")
+    out = {k: taken[id(t)] for k, t in cache.cache_dict.items()}
+    lengths = cache.prompt_lengths
+    return cache._derive(
+        out,
+        attention_mask=None if mask is None else cache._select(mask, batch_slice, 0, "batch_slice"),
+        prompt_lengths=None if lengths is None else cache._select(lengths, batch_slice, 0, "batch_slice"),
+        has_batch_dim=rows.dim() > 0,
+    )
+
+
+def _batch(cache: Cache) -> int:
+    return next(iter(cache.cache_dict.values())).shape[0]

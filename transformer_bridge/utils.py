@@ -2,8 +2,8 @@
 
 `get_act_name` (TransformerLens' shorthand, aliases and compact forms such as ``"k6"``, resolved by
 the bridge's one name grammar), `to_numpy`, `lm_cross_entropy_loss`, `lm_accuracy`,
-`remove_batch_dim`, `test_prompt`, and the padding helpers `get_attention_mask` and
-`get_offset_position_ids`.
+`remove_batch_dim`, `test_prompt`, the padding helpers `get_attention_mask` and
+`get_offset_position_ids`, and `Slice`.
 """
 
 import re
@@ -19,6 +19,7 @@ from . import names
 from .checks import ArgumentTypeError, describe
 
 __all__ = [
+    "Slice",
     "get_act_name",
     "get_attention_mask",
     "get_offset_position_ids",
@@ -246,3 +247,58 @@ def get_offset_position_ids(
     """
     positions = attention_mask.long().cumsum(1) - 1
     return positions.clamp_min(0)[:, past_kv_pos_offset:]
+
+
+class Slice:
+    """TransformerLens' position / batch / neuron selection: an int (that index, its axis dropped), a tuple
+    (``slice(*tuple)``), a slice, a list or 1-d tensor of indices, or None (everything). Accepted wherever
+    the bridge takes a ``pos_slice``, ``batch_slice`` or ``neuron_slice``.
+
+    Example:
+        >>> Slice(-1).apply(torch.arange(6).reshape(2, 3), dim=1)
+        tensor([2, 5])
+        >>> Slice((1, 3)).indices(5)
+        array([1, 2])
+    """
+
+    def __init__(self, input_slice: Any = None) -> None:
+        if isinstance(input_slice, Slice):
+            input_slice = input_slice.slice
+        if isinstance(input_slice, tuple):
+            input_slice = slice(*input_slice)
+        if input_slice is None:
+            self.slice, self.mode = slice(None), "empty"
+        elif isinstance(input_slice, bool):
+            raise ArgumentTypeError(f"`input_slice` must be an int, a tuple, a slice or indices, got {input_slice!r}.")
+        elif isinstance(input_slice, slice):
+            self.slice, self.mode = input_slice, "slice"
+        elif isinstance(input_slice, (list, range, np.ndarray, Tensor)):
+            self.slice, self.mode = torch.as_tensor(np.asarray(input_slice) if not isinstance(input_slice, Tensor)
+                                                    else input_slice, dtype=torch.long), "array"  # fmt: skip
+        elif hasattr(input_slice, "__index__"):
+            self.slice, self.mode = int(input_slice), "int"
+        else:
+            raise ArgumentTypeError(
+                f"`input_slice` must be an int, a tuple, a slice or indices, got {describe(input_slice)}."
+            )
+
+    def apply(self, tensor: Tensor, dim: int = 0) -> Tensor:
+        """``tensor`` with this selection applied along ``dim`` (an int drops the axis)."""
+        if self.mode == "int":
+            return tensor.select(dim, self.slice)
+        if self.mode == "array":
+            return tensor.index_select(dim, self.slice.to(tensor.device))
+        return tensor[(slice(None),) * (dim % tensor.dim()) + (self.slice,)]
+
+    def indices(self, max_ctx: int | None = None) -> np.ndarray:
+        """The selected indices as an array (``max_ctx``: the axis length, needed for slices and negatives)."""
+        if self.mode == "int":
+            return np.array([self.slice % max_ctx if max_ctx else self.slice])
+        if self.mode == "array":
+            return self.slice.cpu().numpy()
+        if max_ctx is None:
+            raise ValueError("`max_ctx` is needed to list the indices of a slice.")
+        return np.arange(max_ctx)[self.slice]
+
+    def __repr__(self) -> str:
+        return f"Slice({self.slice!r}, mode={self.mode!r})"

@@ -229,3 +229,44 @@ def test_tuple_pos_slice_is_a_slice(model):
     assert torch.equal(by_tuple["resid_post", 0], full["resid_post", 0][:, 1:4])
     assert torch.equal(by_tuple["pattern", 0], full["pattern", 0][:, :, 1:4])
     assert torch.equal(by_list["resid_post", 0], full["resid_post", 0][:, [1, 4]])
+
+
+# -- ActivationCache: Slice, batch slicing, projections -----------------------------------------------------
+def test_slice_objects_select_like_their_contents(model):
+    _, cache = model.run_with_cache(TOKENS)
+    for spec in (-1, (1, 4), [0, 5], None):
+        assert torch.equal(cache.decompose_resid(pos_slice=utils.Slice(spec)), cache.decompose_resid(pos_slice=spec))
+    x = torch.arange(24).reshape(2, 3, 4)
+    assert torch.equal(utils.Slice(-1).apply(x, dim=1), x[:, -1])
+    assert torch.equal(utils.Slice((0, 2)).apply(x, dim=2), x[:, :, 0:2])
+    assert torch.equal(utils.Slice([2, 0]).apply(x, dim=1), x[:, [2, 0]])
+    assert utils.Slice((1, 3)).indices(5).tolist() == [1, 2] and utils.Slice(-1).indices(5).tolist() == [4]
+
+
+def test_apply_slice_to_batch_dim(model):
+    _, cache = model.run_with_cache(TOKENS)
+    row = cache.apply_slice_to_batch_dim(1)
+    assert not row.has_batch_dim and torch.equal(row["resid_post", 0], cache["resid_post", 0][1])
+    torch.testing.assert_close(row.decompose_resid(), cache.decompose_resid()[:, 1])
+    torch.testing.assert_close(row.accumulated_resid(apply_ln=True), cache.accumulated_resid(apply_ln=True)[:, 1])
+    rows = cache.apply_slice_to_batch_dim([1, 0])
+    assert rows.has_batch_dim and torch.equal(rows["pattern", 1], cache["pattern", 1][[1, 0]])
+    assert rows["resid_post", 0] is rows["resid_pre", 1]  # aliases stay one tensor
+    with pytest.raises(ValueError, match="batch axis"):
+        row.apply_slice_to_batch_dim(0)
+
+
+def test_project_output_onto_contracts_d_model(model):
+    _, cache = model.run_with_cache(TOKENS)
+    v, m = torch.randn(model.cfg.d_model), torch.randn(model.cfg.d_model, 3)
+    full = cache.stack_neuron_results(1, apply_ln=True, incl_remainder=True)
+    torch.testing.assert_close(
+        cache.stack_neuron_results(1, apply_ln=True, incl_remainder=True, project_output_onto=v), full @ v
+    )
+    torch.testing.assert_close(cache.get_neuron_results(0, project_output_onto=m), cache.get_neuron_results(0) @ m)
+    stack, labels = cache.get_full_resid_decomposition(return_labels=True)
+    projected, same = cache.get_full_resid_decomposition(return_labels=True, project_output_onto=v)
+    assert same == labels
+    torch.testing.assert_close(projected, stack @ v)
+    with pytest.raises(TypeError, match="project_output_onto"):
+        cache.get_neuron_results(0, project_output_onto=torch.randn(5))
