@@ -179,7 +179,7 @@ def norm(kind: str, module: nn.Module) -> Callable:
     return process
 
 
-def head_results(n_heads: int, d_head: int, module: nn.Module, conv1d: bool) -> Callable:
+def head_results(n_heads: int, d_head: int, module: nn.Module, conv1d: bool, registry: HookRegistry) -> Callable:
     """``hook_result``: each head's contribution through the output projection, bias excluded."""
 
     def process(run: Run, out: Tensor, z: Tensor | None) -> Tensor:
@@ -189,12 +189,16 @@ def head_results(n_heads: int, d_head: int, module: nn.Module, conv1d: bool) -> 
             bias = local_param(module, "bias")
         w = w.reshape(w.shape[0], -1, d_head)
         result = torch.einsum("bphd,mhd->bphm", z.view(*z.shape[:-1], -1, d_head), w)
+        # Under tensor parallelism this rank's heads only: edits are added to the model's output as the
+        # change of their sum, which every rank joins, edited or not (under `local_shards` only the ranks
+        # holding an edited head see a change). Summed before the hooks run: they may edit in place.
+        before = result.sum(-2) if partial_over is not None else None
         new = run("", result)
+        if before is not None and (new is not result or registry.shard_local):
+            return out + sum_over_ranks(new.sum(-2) - before, partial_over).to(out.dtype)
         if new is result:
             return out
         total = new.sum(-2)
-        if partial_over is not None:
-            total = sum_over_ranks(total, partial_over)
         return total + bias if bias is not None else total
 
     return process
@@ -361,7 +365,8 @@ def build_sites(
 
         o_proj = m(adapter.o_proj)
         add(p + "attn.hook_z", site(o_proj, "pre", heads(n_heads, d_head)))
-        add(p + "attn.hook_result", site(o_proj, "post", head_results(n_heads, d_head, o_proj, adapter.conv1d)))
+        result_process = head_results(n_heads, d_head, o_proj, adapter.conv1d, registry)
+        add(p + "attn.hook_result", site(o_proj, "post", result_process))
 
         attn_out_site = site(m(adapter.attn_out), "post", identity)
         attn_out_site.process = _attn_out_and_mid(attn_out_site, stash, layer, adapter.residual_scale(model.config))

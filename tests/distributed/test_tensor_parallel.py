@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tp_checks import FAMILIES, run_checks, save_tiny
+from tp_checks import FAMILIES, run_checks, run_local_checks, save_tiny
 from transformers import AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge
@@ -46,7 +46,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, list
     for family in FAMILIES:
         single = TransformerBridge(AutoModelForCausalLM.from_pretrained(root / family, dtype=torch.float32).eval())
         ranks = [torch.load(root / f"{family}.rank{r}.pt") for r in range(RANKS)]
-        results[family] = (run_checks(single), ranks)
+        results[family] = ({**run_checks(single), **run_local_checks(single)}, ranks)
     results["plan"] = ({}, [torch.load(root / f"plan.rank{r}.pt") for r in range(RANKS)])
     return results
 
@@ -69,7 +69,8 @@ def _compare(expected: dict, got: dict, prefix: str) -> list[str]:
     return problems
 
 
-CATEGORIES = ["logits", "cache/", "edit/", "edit_/", "grad/", "generate", "gen_cache/", "relevance/", "weight/"]
+CATEGORIES = ["logits", "cache/", "edit/", "edit_/", "grad/", "generate", "gen_cache/", "relevance/", "weight/",
+              "local_edit/"]  # fmt: skip
 
 
 @pytest.mark.parametrize("category", CATEGORIES)

@@ -140,4 +140,17 @@ def run_local_checks(model) -> dict[str, Tensor]:
     names = ["blocks.0.attn.hook_z", "blocks.0.attn.hook_pattern", "blocks.0.mlp.hook_post", "blocks.0.hook_resid_post"]
     with local_shards(model), torch.no_grad():
         model.run_with_hooks((TOKENS, MASK), fwd_hooks=[(n, keep) for n in names])
-    return {f"local/{k}": v for k, v in seen.items()}
+    out = {f"local/{k}": v for k, v in seen.items()}
+
+    def zero_index_1(x: Tensor, hook) -> None:
+        """Zero head / neuron 1 of the full axis, on whichever rank holds it (all of it in one process)."""
+        held = hook.shard.local_range() if hook.shard is not None and x.shape[2] < hook.shard.size else None
+        held = held if held is not None else range(x.shape[2])
+        if 1 in held:
+            x[:, :, 1 - held.start] = 0
+
+    # Shard-local edits (hook_result's edited heads are re-summed across ranks).
+    for name in ("blocks.0.attn.hook_z", "blocks.0.attn.hook_result", "blocks.1.mlp.hook_post", "blocks.1.attn.hook_v"):
+        with local_shards(model), torch.no_grad():
+            out[f"local_edit/{name}"] = model.run_with_hooks((TOKENS, MASK), fwd_hooks=[(name, zero_index_1)])
+    return out
