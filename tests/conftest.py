@@ -85,6 +85,11 @@ CONFIGS = {
     # Multipliers far from 1 so a missing one fails loudly.
     "granite": lambda: _auto("granite", embedding_multiplier=3.0, residual_multiplier=2.0, attention_multiplier=0.5,
                              logits_scaling=0.5),
+    "cwm": lambda: _auto("cwm", head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    "vaultgemma": lambda: _auto("vaultgemma", head_dim=8, sliding_window=4, query_pre_attn_scalar=8,
+                                layer_types=["full_attention", "sliding_attention"]),
+    "persimmon": lambda: _auto("persimmon", qk_layernorm=True),
     "gpt_neo": lambda: GPTNeoConfig(**_COMMON, hidden_size=D, intermediate_size=M, num_layers=L, num_heads=H,
                                     attention_types=[[["local", "global"], 1]], window_size=4,
                                     max_position_embeddings=128),

@@ -115,6 +115,8 @@ def bridge_config(model: PreTrainedModel, adapter: Adapter, tokenizer: Any = Non
 def _kv_heads(model: PreTrainedModel, adapter: Adapter, c: Any, n_heads: int, d_head: int) -> int:
     """Key/value heads; read off a fused ``[q | k | v]`` projection, whose config may not say (Falcon's
     ``multi_query`` keeps one kv head whatever ``num_kv_heads`` says)."""
+    if adapter.qkv is not None and adapter.qkv_layout == "per_head":  # [head, q|k|v, d]: no GQA
+        return n_heads
     if adapter.qkv is not None and adapter.qkv_layout == "concat":
         w = get_module(get_module(model, adapter.blocks)[0], adapter.qkv).weight
         width = w.shape[1] if adapter.conv1d else w.shape[0]

@@ -2,10 +2,10 @@
 
 from .base import Adapter
 from .deepseek import DEEPSEEK_V3
-from .gemma import GEMMA, GEMMA2, GEMMA3
+from .gemma import GEMMA, GEMMA2, GEMMA3, VAULTGEMMA
 from .glm import GLM, GLM4
 from .gpt2 import GPT2, GPT_BIGCODE, GPT_NEO
-from .gpt_neox import GPT_NEOX
+from .gpt_neox import GPT_NEOX, PERSIMMON
 from .gpt_oss import GPT_OSS
 from .granitemoe import GRANITEMOE
 from .layernorm_rotary import OLMO, STABLELM, STARCODER2
@@ -22,6 +22,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     GPT2, LLAMA, QWEN3, GEMMA2, GPT_NEOX, PHI3, OPT,
     GEMMA, GEMMA3, GLM, GLM4, STABLELM, STARCODER2, OLMO, HUNYUAN, ARCEE, APERTUS,
     PHI, COHERE, GPTJ, FALCON, OLMO2, EXAONE4, GPT_BIGCODE, GPT_NEO, GRANITE,
+    VAULTGEMMA, PERSIMMON,
 )  # fmt: skip
 ADAPTERS += (MIXTRAL, QWEN2_MOE, QWEN3_MOE, OLMOE, GPT_OSS, LLAMA4, DEEPSEEK_V3, GRANITEMOE)  # mixture of experts
 ADAPTERS += (MAMBA,)  # state space

@@ -1,4 +1,5 @@
-"""Gemma (1), Gemma 2 and Gemma 3 (text): RMS norms stored as ``w - 1``, embeddings scaled by sqrt(d_model).
+"""Gemma (1), VaultGemma, Gemma 2 and Gemma 3 (text): RMS norms stored as ``w - 1``, embeddings scaled by
+sqrt(d_model).
 
 Gemma 2 and 3 add sandwich norms (the attention and MLP outputs are normed before the residual add);
 Gemma 3 adds per-head q/k norms (also ``1 + w``) and alternates sliding-window and global layers.
@@ -10,6 +11,8 @@ from .base import Adapter
 from .llama import LLAMA
 
 GEMMA = replace(LLAMA, model_types=("gemma",), norm="rms_one_plus")
+# VaultGemma: Gemma 2 without the post-sublayer norms (soft-capping and sliding windows kept).
+VAULTGEMMA = replace(GEMMA, model_types=("vaultgemma",), ln2="pre_feedforward_layernorm")
 
 GEMMA2 = Adapter(
     model_types=("gemma2",),

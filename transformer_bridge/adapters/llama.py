@@ -1,7 +1,7 @@
 """Llama layout: pre-norm RMS blocks with separate q/k/v and a gated MLP.
 
 Shared unchanged by Llama (SmolLM2), Mistral, Qwen2, SmolLM3 (some layers without rotary), Helium,
-Ministral (sliding windows), Seed-OSS and ERNIE 4.5 (biases where the config asks); with per-head
+Ministral and CWM (sliding windows), Seed-OSS and ERNIE 4.5 (biases where the config asks); with per-head
 q/k norms by Qwen3 and Hunyuan (norms after rotary there); with a plain ``up → act → down`` MLP by
 Arcee and Apertus (Apertus: its own norm names and q/k norms); with constant multipliers by Granite.
 """
@@ -11,7 +11,7 @@ from dataclasses import replace
 from .base import Adapter
 
 LLAMA = Adapter(
-    model_types=("llama", "mistral", "qwen2", "smollm3", "helium", "ministral", "seed_oss", "ernie4_5"),
+    model_types=("llama", "mistral", "qwen2", "smollm3", "helium", "ministral", "seed_oss", "ernie4_5", "cwm"),
     embed="model.embed_tokens",
     blocks="model.layers",
     ln_final="model.norm",
