@@ -122,3 +122,29 @@ def test_every_family_is_supported_and_documented(family):
 def test_every_supported_model_type_has_a_tiny_config():
     tested = {CONFIGS[f]().model_type for f in FAMILIES} | {c().model_type for c in SSM_CONFIGS.values()}
     assert set(SUPPORTED_MODEL_TYPES) <= tested, set(SUPPORTED_MODEL_TYPES) - tested
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides", "parallel"),
+    [("falcon", {"parallel_attn": False}, False), ("stablelm", {"use_parallel_residual": True}, True)],
+    ids=["falcon-sequential", "stablelm-parallel"],
+)
+def test_config_switched_block_layouts(family, overrides, parallel):
+    """A config flag that switches a family between sequential and parallel blocks changes the points."""
+    model = _bridge(family, **overrides)
+    with torch.no_grad():
+        assert torch.equal(model(TOKENS), model.hf_model(TOKENS).logits)
+    assert model.cfg.parallel_attn_mlp == parallel
+    assert ("blocks.1.ln2.hook_scale" in model.hook_dict) == (not parallel)
+    assert ("blocks.1.hook_resid_mid" in model.hook_dict) == (not parallel)
+    logits, cache = model.run_with_cache(TOKENS)
+    torch.testing.assert_close(cache.decompose_resid().sum(0), cache["resid_post", 1], atol=1e-5, rtol=1e-5)
+    lens = cache.accumulated_resid(apply_ln=True)[-1] @ model.W_U + model.b_U
+    torch.testing.assert_close(lens, logits, atol=1e-4, rtol=1e-4)
+    if not parallel:
+        delta = torch.linspace(-1, 1, model.cfg.d_model)
+        add = lambda x, hook: x + delta  # noqa: E731
+        with torch.no_grad():
+            mid = model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.1.hook_resid_mid", add)])
+            out = model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.1.hook_attn_out", add)])
+        torch.testing.assert_close(mid, out, atol=1e-5, rtol=1e-5)
