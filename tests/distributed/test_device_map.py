@@ -23,9 +23,11 @@ def _prefix(family: str) -> tuple[str, str, str]:
 
 
 def split_map(family: str, first: str = "cpu", second: str = "disk") -> dict[str, str]:
-    """Embedding and final norm and layer 1 on ``second``, layer 0 and the unembedding on ``first``."""
+    """Embedding, final norm and layer 1 on ``second``, layer 0 and the unembedding on ``first``."""
     base, embed, norm = _prefix(family)
-    dm = {f"{base}.{embed}": second, f"{base}.layers.0": first, f"{base}.layers.1": second,
+    # Gemma 2 ties the unembedding to the embedding: accelerate cannot load one tensor on two devices.
+    embed_device = first if family == "gemma2" else second
+    dm = {f"{base}.{embed}": embed_device, f"{base}.layers.0": first, f"{base}.layers.1": second,
           f"{base}.{norm}": second, f"{base}.rotary_emb": first, "lm_head": first}  # fmt: skip
     if family == "gpt_neox":
         dm[f"{base}.emb_dropout"] = first

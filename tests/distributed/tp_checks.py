@@ -20,6 +20,10 @@ FAMILIES = {
         model_type="qwen3", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8,
     ),
+    "gemma2": dict(
+        model_type="gemma2", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
+    ),
     "gpt_neox": dict(
         model_type="gpt_neox", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
         num_attention_heads=4, rotary_pct=0.5,
