@@ -107,8 +107,12 @@ def test_cpu_and_cuda_split(folders) -> None:
         str(path), dtype=torch.float32, tokenizer=None, device_map=split_map("llama", "cuda:0", "cpu")
     )
     seen = {}
+
+    def where(x, hook) -> None:
+        seen[hook.name] = x.device
+
     names = ["blocks.0.attn.hook_z", "blocks.1.attn.hook_z"]
-    model.run_with_hooks(TOKENS, fwd_hooks=[(n, lambda x, hook: seen.setdefault(hook.name, x.device)) for n in names])
+    model.run_with_hooks(TOKENS, fwd_hooks=[(n, where) for n in names])
     assert seen == {names[0]: torch.device("cuda", 0), names[1]: torch.device("cpu")}
     _, cache = model.run_with_cache(TOKENS, device="cpu")
     assert {t.device.type for t in cache.values()} == {"cpu"}
