@@ -195,11 +195,16 @@ class Engine:
         return done
 
     def _realign(self) -> None:
-        order, start = realignment(self.real)
-        if start == 0 and bool(self.real.all()):
+        real = self.real
+        if bool((real[:, 1:] >= real[:, :-1]).all()):  # already right-aligned (plain left padding): no gather
+            start = real.shape[1] - int(real.sum(1).max()) if real.shape[0] else 0
+            if start:
+                self.kv.drop_leading(start)
+                self.real = real[:, start:]
             return
+        order, start = realignment(real)
         self.kv.realign(order, start)
-        self.real = self.real.gather(1, order)[:, start:]
+        self.real = real.gather(1, order)[:, start:]
 
 
 def fill_forced_logprobs(rows: list[Row], chunk_logits: Float[Tensor, "batch chunk d_vocab"]) -> None:

@@ -2,10 +2,10 @@
 
 The engine keeps each row's cached entries right-aligned (left padding, as a fresh left-padded batch
 has them), so a row's newest token is always the last column and positions stay ``cumsum(mask) - 1``.
-Every change of shape the engine needs is one of three operations: `select` (drop finished rows, copy
+Every change of shape the engine needs is one of four operations: `select` (drop finished rows, copy
 a row for a fork), `realign` (after a backtrack or an uneven chunk: move each row's kept entries to
-the right, drop columns no row uses) and `clear` (``use_cache=False``). A static cache (the fast path)
-can implement the same three on preallocated tensors.
+the right, drop columns no row uses), `drop_leading` (columns every row has left) and `clear`
+(``use_cache=False``). A static cache (the fast path) can implement the same on preallocated tensors.
 
 HF's ``DynamicCache.crop`` takes a count but cuts every row alike; a per-row rewind is a gather.
 The cache is built without the model config, so sliding-window layers keep every entry: a rewind may
@@ -49,6 +49,12 @@ class KVRows:
             idx = order[:, None, start:, None]
             layer.keys = layer.keys.gather(2, idx.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1]))
             layer.values = layer.values.gather(2, idx.expand(-1, layer.values.shape[1], -1, layer.values.shape[-1]))
+
+    def drop_leading(self, n: int) -> None:
+        """Drop the first ``n`` columns (empty in every row)."""
+        for layer in self._layers():
+            layer.keys = layer.keys[:, :, n:]
+            layer.values = layer.values[:, :, n:]
 
     def _layers(self) -> list:
         return [layer for layer in self.cache.layers if layer.is_initialized and layer.keys.numel()]
