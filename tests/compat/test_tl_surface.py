@@ -89,6 +89,9 @@ def test_factored_matrix_algebra():
     torch.testing.assert_close(m.make_even().AB, full, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(m[1, 2:5, -1].AB, full[1, 2:5, -1:])
     torch.testing.assert_close(m[..., [0, 3], :].AB, full[..., [0, 3], :])
+    torch.testing.assert_close(m[None, 0].AB, full[None, 0])
+    torch.testing.assert_close(m[0, :, None].AB, full[0, :, None])  # rows become a leading axis
+    torch.testing.assert_close(m[0, :, :, None].AB, full[0, :, :, None])
     torch.testing.assert_close((m @ torch.ones(7)), full @ torch.ones(7), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close((torch.ones(10) @ m), torch.ones(10) @ full, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(s, torch.linalg.svdvals(full)[..., :4], rtol=1e-4, atol=1e-5)

@@ -191,21 +191,31 @@ class FactoredMatrix:
         index = index if isinstance(index, tuple) else (index,)
         if sum(item is Ellipsis for item in index) > 1:
             raise IndexError("An index can only have a single ellipsis.")
-        if any(item is None for item in index):
-            raise IndexError("FactoredMatrix indexing takes no new axes (None); use .unsqueeze.")
-        used = sum(_axes(item) for item in index if item is not Ellipsis)
+        used = sum(_axes(item) for item in index if item is not Ellipsis and item is not None)
         if any(item is Ellipsis for item in index):
             at = next(i for i, item in enumerate(index) if item is Ellipsis)
             index = index[:at] + (slice(None),) * (self.ndim - used) + index[at + 1 :]
             used = self.ndim
         if used > self.ndim:
             raise IndexError(f"Too many indices ({used}) for a FactoredMatrix of shape {tuple(self.shape)}.")
-        lead, rest, n_lead = [], [], self.ndim - 2
+        lead, rest, new_axes, n_lead, seen = [], [], [], self.ndim - 2, 0
         for item in index:
-            (lead if sum(_axes(i) for i in lead) < n_lead else rest).append(item)
+            if item is None and seen >= n_lead:  # a new axis among the matrix dimensions
+                new_axes.append(seen - n_lead)
+                continue
+            (lead if seen < n_lead else rest).append(item)
+            seen += 0 if item is None else _axes(item)
         row = _keep_axis(rest[0]) if rest else slice(None)
         col = _keep_axis(rest[1]) if len(rest) > 1 else slice(None)
-        return FactoredMatrix(self.A[(*lead, row)], self.B[(*lead, slice(None), col)])
+        out = FactoredMatrix(self.A[(*lead, row)], self.B[(*lead, slice(None), col)])
+        for where in new_axes:  # 0: before the rows, 1: between rows and columns, 2: after the columns
+            if where == 0:
+                out = out.unsqueeze(out.ndim - 2)
+            elif where == 1:  # the rows become a leading axis of length ldim, the matrix [1, rdim]
+                out = FactoredMatrix(out.A.unsqueeze(-2), out.B.unsqueeze(-3))
+            else:  # the columns become the rows of a [rdim, 1] matrix
+                out = FactoredMatrix(out.B.transpose(-2, -1).unsqueeze(-3), out.A.unsqueeze(-1))
+        return out
 
     def __repr__(self) -> str:
         return f"FactoredMatrix(shape={tuple(self.shape)}, mdim={self.mdim})"
