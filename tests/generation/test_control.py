@@ -197,3 +197,21 @@ def test_smollm2_mixed_control_equals_fresh_forward(smollm2):
     assert len(out) > 2
     for v in c.views:
         torch.testing.assert_close(v.logits, fresh_last_logits(smollm2, v.tokens), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(do_sample=True, temperature=0.9, top_k=20, seed=7, stop_at_eos=False),
+        dict(repetition_penalty=1.5, no_repeat_ngram_size=2, min_new_tokens=6, logit_bias={5: 2.0}),
+        dict(stop_strings=["e"], frequency_penalty=0.5),
+    ],
+    ids=["sampling", "processors", "stop_strings"],
+)
+def test_a_pass_through_controller_keeps_generate_s_options(model, options):
+    """Processors see each row as the plain loop lays it out; sampling draws alike; stop strings stop alike."""
+    tokens, mask = batch(model)
+    kw = dict(attention_mask=mask, max_new_tokens=8, return_dict=True, **options)
+    plain = model.generate(tokens, **kw)
+    ctl = model.generate(tokens, controller=lambda v: None, **kw)
+    assert torch.equal(plain.sequences, ctl.sequences) and plain.finish_reasons == ctl.finish_reasons

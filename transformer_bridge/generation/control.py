@@ -35,7 +35,7 @@ from torch import Tensor
 from ..checks import ArgumentTypeError, describe
 from ..core import BridgeCore
 from .branch import Branch, View, as_branches, check_branch, samples
-from .engine import Engine, Row, as_batch, fill_forced_logprobs
+from .engine import Engine, Row, fill_forced_logprobs
 from .options import Plan
 from .outputs import FINISH_REASONS, GenerationOutput
 
@@ -194,15 +194,19 @@ def _sample(rows: list[Row], plan: list[tuple[int, Branch, Tensor | None]], logi
 
 
 def _processed(row: Row, scores: Tensor, p: Plan) -> Tensor:
-    """The processors see the row as the plain loop would: its prompt left-padded to the prompt width,
-    then its generated tokens (so ``min_new_tokens`` and the penalties count as there)."""
-    width = p.stopping.prompt_width
-    tokens, mask = as_batch([row], p.pad_token_id)
-    pad = width - row.prompt_length
-    if pad > 0:
-        tokens = torch.cat([tokens.new_full((1, pad), p.pad_token_id), tokens], 1)
-        mask = torch.cat([mask.new_zeros((1, pad)), mask], 1)
+    """The processors see the row as the plain loop would (`_as_plain_row`)."""
+    tokens, mask = _as_plain_row(row, p)
     return p.sampling.processors(tokens.to(scores.device), scores, mask.to(scores.device))
+
+
+def _as_plain_row(row: Row, p: Plan) -> tuple[Tensor, Tensor]:
+    """The row as the plain loop lays it out: its prompt left-padded to the prompt width, then its generated
+    tokens (so ``min_new_tokens``, the penalties and stop strings count as there)."""
+    prompt = row.tokens[: row.prompt_length]
+    pad = p.stopping.prompt_width - len(prompt)
+    tokens = torch.tensor([[p.pad_token_id] * pad + row.tokens])
+    mask = torch.tensor([[0] * pad + [1] * len(row.tokens)])
+    return tokens, mask
 
 
 def _stop(row: Row, p: Plan, scores: Tensor) -> None:
@@ -215,15 +219,15 @@ def _stop(row: Row, p: Plan, scores: Tensor) -> None:
             row.finish = "eos"
             return
     limit = row.prompt_length + p.max_new_tokens
-    if len(row.tokens) >= limit:
-        _cut(row, limit)
-        row.finish = "length"
-        return
-    if p.stopping.stop_strings or p.stopping.criteria:
-        tokens, _ = as_batch([row], p.pad_token_id, p.stopping.prompt_width)
+    _cut(row, limit)
+    if p.stopping.stop_strings or p.stopping.criteria:  # before the length limit, as in the plain loop
+        tokens, _ = _as_plain_row(row, p)
         code = int(p.stopping.check(tokens.to(scores.device), scores)[0])
         if code:
             row.finish = FINISH_REASONS[code]
+            return
+    if len(row.tokens) >= limit:
+        row.finish = "length"
 
 
 def _cut(row: Row, length: int) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from ..core import BridgeCore
@@ -217,15 +217,3 @@ def fill_forced_logprobs(rows: list[Row], chunk_logits: Float[Tensor, "batch chu
             if g >= 0 and math.isnan(r.logprobs[g]):
                 logits = chunk_logits[i, first + j - 1].float()
                 r.logprobs[g] = float(logits.log_softmax(-1)[r.tokens[start + j]])
-
-
-def as_batch(rows: list[Row], pad: int, width: int | None = None) -> tuple[Int[Tensor, "batch pos"], Tensor]:
-    """Rows as one left-padded batch (tokens, mask), at least ``width`` wide."""
-    longest = max([len(r.tokens) for r in rows] + [width or 0])
-    tokens = torch.full((len(rows), longest), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), longest), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r.tokens:
-            tokens[i, longest - len(r.tokens) :] = torch.tensor(r.tokens)
-            mask[i, longest - len(r.tokens) :] = 1
-    return tokens, mask
