@@ -280,3 +280,39 @@ def test_project_output_onto_contracts_d_model(model):
     torch.testing.assert_close(projected, stack @ v)
     with pytest.raises(TypeError, match="project_output_onto"):
         cache.get_neuron_results(0, project_output_onto=torch.randn(5))
+
+
+# -- caching hooks (HookedRootModule) ------------------------------------------------------------------
+def test_caching_hooks_fill_a_dict_like_run_with_cache(model):
+    _, ref = model.run_with_cache(TOKENS)
+    cache, fwd, bwd = model.get_caching_hooks(["resid_post", "pattern"], pos_slice=(1, 4))
+    assert bwd == []
+    with model.hooks(fwd_hooks=fwd):
+        model(TOKENS)
+    assert set(cache) == set(model.names_matching(["resid_post", "pattern"]))
+    assert torch.equal(cache["blocks.0.hook_resid_post"], ref["resid_post", 0][:, 1:4])
+    assert torch.equal(cache["blocks.1.attn.hook_pattern"], ref["pattern", 1][:, :, 1:4])
+    kept = model.add_caching_hooks("blocks.1.hook_resid_post")
+    model(TOKENS[:1])
+    assert torch.equal(kept["blocks.1.hook_resid_post"], ref["resid_post", 1][:1])
+    model.reset_hooks()
+    kept.clear()
+    model(TOKENS)
+    assert kept == {}
+    with pytest.warns(DeprecationWarning):
+        everything = model.cache_all({}, remove_batch_dim=True)
+    model(TOKENS[:1])
+    model.reset_hooks()
+    assert set(everything) == set(model.hook_dict)
+    assert torch.equal(everything["blocks.0.hook_resid_pre"], ref["resid_pre", 0][0])
+
+
+def test_caching_hooks_gradients_match_run_with_cache(model):
+    _, ref = model.run_with_cache(TOKENS, names_filter="resid_pre", incl_bwd=True)
+    cache, fwd, bwd = model.get_caching_hooks("resid_pre", incl_bwd=True)
+    with model.hooks(fwd_hooks=fwd, bwd_hooks=bwd):
+        model(TOKENS, return_type="loss").backward()
+    model.hf_model.zero_grad(set_to_none=True)
+    for layer in range(model.cfg.n_layers):
+        name = f"blocks.{layer}.hook_resid_pre"
+        torch.testing.assert_close(cache[name + "_grad"], ref[name + "_grad"])

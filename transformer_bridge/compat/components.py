@@ -19,6 +19,7 @@ from ..hook_points import HookPoint
 from ..names import tl4_spelling
 from ..sites import get_module
 from . import weights
+from .caching_hooks import CachingHooks
 from .circuits import Circuits
 from .running import RunCompat
 
@@ -159,9 +160,10 @@ def build_components(core: BridgeCore) -> tuple[Blocks, dict[str, ComponentView]
     return Blocks(views), {k: v for k, v in model_level.items() if v is not None}
 
 
-class Components(RunCompat, Circuits):
+class Components(RunCompat, CachingHooks, Circuits):
     """Mixin for the public class: the component tree and root-level hook points as attributes, with
-    TransformerLens' ``run_with_cache`` keywords (`RunCompat`) and weight circuits (`Circuits`)."""
+    TransformerLens' ``run_with_cache`` keywords (`RunCompat`), caching hooks (`CachingHooks`) and weight
+    circuits (`Circuits`)."""
 
     @property
     def blocks(self) -> Blocks:
