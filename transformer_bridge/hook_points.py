@@ -157,7 +157,7 @@ class HookPoint:
 
     # -- TransformerLens' HookPoint methods ------------------------------------------------
     def add_hook(
-        self, hook: "HookFn", dir: Direction = "fwd", is_permanent: bool = False, level: None = None,
+        self, hook: "HookFn", dir: Direction = "fwd", is_permanent: bool = False, level: int | None = None,
         prepend: bool = False,
     ) -> "HookHandle":  # fmt: skip
         """Register ``hook`` on this point (see `HookRegistry.add_hook`).
@@ -172,11 +172,13 @@ class HookPoint:
         return self.add_hook(hook, dir=dir, is_permanent=True)
 
     def remove_hooks(self, dir: Direction | Literal["both"] = "fwd", including_permanent: bool = False,
-                     level: None = None) -> None:  # fmt: skip
-        """Remove this point's hooks in direction ``dir`` (permanent ones only if asked)."""
+                     level: int | None = None) -> None:  # fmt: skip
+        """Remove this point's hooks in direction ``dir`` (permanent ones only if asked; only those added at
+        ``level`` if given)."""
         _check_level(level)
         entries = _by_direction(self, dir)
-        self._owner._remove_entries(e for e in entries if including_permanent or not e.permanent)
+        self._owner._remove_entries(e for e in entries if (including_permanent or not e.permanent)
+                                    and (level is None or e.level == level))  # fmt: skip
 
     def has_hooks(self, dir: Direction | Literal["both"] = "both", including_permanent: bool = True) -> bool:
         """Whether this point has hooks in direction ``dir``."""
@@ -306,11 +308,9 @@ def _by_direction(point: HookPoint, dir: str) -> list["_Entry"]:
 
 
 def _check_level(level: object) -> None:
-    if level is not None:
-        raise ValueError(
-            f"`level`={level!r}: hook levels are not used here; each `hooks()` context removes exactly the hooks "
-            "it added. Pass level=None."
-        )
+    """TransformerLens' hook level: None, or the int ``context_level`` a hook was added at."""
+    if level is not None and (isinstance(level, bool) or not isinstance(level, int)):
+        raise TypeError(f"`level` must be an int (a `context_level`) or None, got {type(level).__name__} {level!r}.")
 
 
 @dataclass(eq=False)
@@ -320,6 +320,7 @@ class _Entry:
     dir: Direction
     permanent: bool
     read_only: bool = False
+    level: int | None = None  # the `context_level` it was added at (TransformerLens' hook levels)
 
     @property
     def hooks(self) -> list["_Entry"]:
@@ -353,6 +354,7 @@ class HookRegistry:
         self.ctx: HookContext | None = None
         self.start_layer: int | None = None  # set while a forward starts at a block (`start_at_layer`)
         self.shard_local = False  # `distributed.local_shards`: hooks see tensor-parallel shards as they are
+        self.context_level = 0  # how many `hooks()` contexts are open (TransformerLens' name)
 
     # -- subclass interface ---------------------------------------------------------------
     def _sync(self, point: HookPoint) -> None:
@@ -375,7 +377,7 @@ class HookRegistry:
         dir: Direction = "fwd",
         is_permanent: bool = False,
         read_only: bool = False,
-        level: None = None,
+        level: int | None = None,
         prepend: bool = False,
     ) -> HookHandle:
         """Register ``hook(tensor, hook_point) -> Tensor | None`` on a point or every matching point.
@@ -383,7 +385,8 @@ class HookRegistry:
         ``dir="bwd"`` registers on the gradient of the activation. Hooks are removed by
         `reset_hooks` unless ``is_permanent``; the returned handle removes exactly this hook.
         ``read_only=True`` promises the hook never edits (its return value is ignored).
-        ``prepend=True`` runs it before the point's other hooks.
+        ``prepend=True`` runs it before the point's other hooks. ``level`` tags it for
+        ``reset_hooks(level=...)`` (a `hooks()` context tags its hooks with its `context_level`).
 
         Example:
             >>> h = model.add_hook("blocks.0.hook_resid_post", lambda x, hook: x * 0)
@@ -394,7 +397,7 @@ class HookRegistry:
         check_hook_fn(hook)
         _check_level(level)
         points = self.resolve(name)
-        entries = [_Entry(hook, point, dir, bool(is_permanent), read_only) for point in points]
+        entries = [_Entry(hook, point, dir, bool(is_permanent), read_only, level) for point in points]
         done: list[_Entry] = []
         try:
             for entry in entries:
@@ -438,16 +441,17 @@ class HookRegistry:
         clear_contexts: bool = True,
         direction: Direction | Literal["both"] = "both",
         including_permanent: bool = False,
-        level: None = None,
+        level: int | None = None,
     ) -> None:
-        """Remove all non-permanent hooks (and permanent ones if ``including_permanent``), as
-        TransformerLens' ``reset_hooks``; ``clear_contexts`` also empties every ``hook.ctx``."""
+        """Remove all non-permanent hooks (and permanent ones if ``including_permanent``; only those added
+        at ``level`` if given), as TransformerLens' ``reset_hooks``; ``clear_contexts`` also empties every
+        ``hook.ctx``."""
         _check_level(level)
         entries = [
             entry
             for point in self.hook_dict.values()
             for entry in _by_direction(point, direction)
-            if including_permanent or not entry.permanent
+            if (including_permanent or not entry.permanent) and (level is None or entry.level == level)
         ]
         self._remove_entries(entries)
         for point in self.hook_dict.values():  # heals any state a failure elsewhere left half done
@@ -456,7 +460,10 @@ class HookRegistry:
             self.clear_contexts()
 
     def remove_all_hook_fns(
-        self, direction: Direction | Literal["both"] = "both", including_permanent: bool = False, level: None = None
+        self,
+        direction: Direction | Literal["both"] = "both",
+        including_permanent: bool = False,
+        level: int | None = None,
     ) -> None:
         """TransformerLens' name: remove hooks in ``direction`` (contexts are kept)."""
         self.reset_hooks(
@@ -504,12 +511,14 @@ class HookRegistry:
             check_hook_fn(fn, f"{param}` entry for `{name!r}")
             self.resolve(name, param)  # every name is checked before anything is added
         handles: list[HookHandle] = []
+        self.context_level += 1
         try:
             for (name, fn), param in pairs:
                 direction = "bwd" if param == "bwd_hooks" else "fwd"
-                handles.append(self.add_hook(name, fn, dir=direction, read_only=read_only))
+                handles.append(self.add_hook(name, fn, dir=direction, read_only=read_only, level=self.context_level))
             yield self
         finally:
+            self.context_level -= 1
             if reset_hooks_end:
                 self._remove_entries(e for handle in handles for e in handle._entries)
             if clear_contexts:

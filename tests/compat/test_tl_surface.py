@@ -316,3 +316,34 @@ def test_caching_hooks_gradients_match_run_with_cache(model):
     for layer in range(model.cfg.n_layers):
         name = f"blocks.{layer}.hook_resid_pre"
         torch.testing.assert_close(cache[name + "_grad"], ref[name + "_grad"])
+
+
+# -- hook levels (TransformerLens' HookedRootModule) ---------------------------------------------------
+def test_hook_levels(model):
+    fired = []
+
+    def note(tag):
+        return lambda x, hook: fired.append(tag)
+
+    point = model.hook_dict["blocks.0.hook_resid_post"]
+    model.add_hook(point.name, note("outer"), level=7)
+    point.add_hook(note("untagged"))
+    assert model.context_level == 0
+    with model.hooks(fwd_hooks=[(point.name, note("ctx1"))]):
+        assert model.context_level == 1
+        with model.hooks(fwd_hooks=[(point.name, note("ctx2"))]):
+            assert model.context_level == 2 and [e.level for e in point.fwd_hooks] == [7, None, 1, 2]
+        model(TOKENS)
+    assert model.context_level == 0 and fired == ["outer", "untagged", "ctx1"]
+    with pytest.raises(RuntimeError), model.hooks(fwd_hooks=[(point.name, note("x"))]):
+        raise RuntimeError
+    assert model.context_level == 0
+    model.reset_hooks(level=7)
+    assert [e.level for e in point.fwd_hooks] == [None]
+    point.add_hook(note("again"), level=3)
+    point.remove_hooks(level=3)
+    assert [e.level for e in point.fwd_hooks] == [None]
+    model.reset_hooks()
+    assert not point.fwd_hooks
+    with pytest.raises(TypeError, match="level"):
+        model.add_hook(point.name, note("bad"), level="1")
