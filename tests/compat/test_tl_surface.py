@@ -180,6 +180,15 @@ def test_tl4_spellings_name_the_same_points(model):
     assert seen == ["hook_embed"]
 
 
+def test_dotted_paths_reach_hook_points(model):
+    """Walking ``"blocks.0.attn.hook_k"`` with getattr, as code written for TransformerLens' modules does."""
+    for name, point in model.hook_dict.items():
+        current = model
+        for part in name.split("."):
+            current = getattr(current, part)
+        assert current is point, name
+
+
 def test_components_call_their_hf_module(model):
     x = torch.randn(2, 3, model.cfg.d_model)
     mlp = model.blocks[0].mlp

@@ -105,6 +105,12 @@ class Blocks:
     def __len__(self) -> int:
         return len(self._views)
 
+    def __getattr__(self, name: str) -> ComponentView:
+        """``getattr(model.blocks, "3")``: a ModuleList's child names, which dotted-path walkers use."""
+        if name.isdigit() and int(name) < len(self.__dict__.get("_views", ())):
+            return self._views[int(name)]
+        raise AttributeError(f"model.blocks has no attribute {name!r}; index it: model.blocks[0].")
+
     def __iter__(self) -> Iterator[ComponentView]:
         return iter(self._views)
 
