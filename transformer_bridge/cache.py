@@ -14,7 +14,7 @@ from torch import Tensor
 
 from . import cache_tl
 from .checks import check_device
-from .names import HookNames, NotCachedError, get_act_name
+from .names import HookNames, NotCachedError, get_act_name, tl4_spelling
 from .utils import Slice
 
 
@@ -121,8 +121,8 @@ class ActivationCache(Mapping[str, Tensor]):
 
     # -- mapping --------------------------------------------------------------------------------
     def _key(self, key: Any) -> str:
-        if isinstance(key, str) and key in self._tensors:
-            return key
+        if isinstance(key, str) and (key in self._tensors or tl4_spelling(key) in self._tensors):
+            return key if key in self._tensors else tl4_spelling(key)
         valid = list(self.model.hook_dict) if self.model is not None else list(self._tensors)
         n_layers = self.model.cfg.n_layers if self.model is not None else _layers_in(self._tensors)
         name = HookNames(valid, n_layers).key(key, "key")

@@ -50,6 +50,8 @@ _TL4_MODEL = {"embed.hook_out": "hook_embed", "pos_embed.hook_out": "hook_pos_em
 def tl4_spelling(name: str) -> str:
     """The canonical name for a TransformerLens 4 bridge spelling (``blocks.0.hook_in`` →
     ``blocks.0.hook_resid_pre``, ``embed.hook_out`` → ``hook_embed``); other names unchanged."""
+    if name.endswith("_grad"):  # a cached gradient: `<point>_grad`
+        return tl4_spelling(name[: -len("_grad")]) + "_grad"
     if name in _TL4_MODEL:
         return _TL4_MODEL[name]
     match = _BLOCK_NAME.fullmatch(name)

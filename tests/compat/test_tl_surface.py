@@ -173,6 +173,9 @@ def test_tl4_spellings_name_the_same_points(model):
     }
     for tl4, canonical in pairs.items():
         assert cache[tl4] is cache[canonical]
+    _, grads = model.run_with_cache(TOKENS, names_filter="blocks.1.hook_out", incl_bwd=True)
+    assert grads["blocks.1.hook_out_grad"] is grads["blocks.1.hook_resid_post_grad"]
+    assert "blocks.1.hook_out_grad" in grads and "blocks.0.hook_out_grad" not in grads
     assert model.blocks[0].mlp.hook_out is model.hook_dict["blocks.0.hook_mlp_out"]
     assert model.blocks[1].ln1.hook_in is model.hook_dict["blocks.1.hook_resid_pre"]
     seen = []
