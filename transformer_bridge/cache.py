@@ -424,6 +424,7 @@ class ActivationCache(Mapping[str, Tensor]):
         pos_slice: PosSlice | None = None,
         batch_slice: PosSlice | None = None,
         has_batch_dim: bool = True,
+        recompute_ln: bool = False,
     ) -> Float[Tensor, "component *batch pos d_model"]:
         """Apply the cached norm scale to each component, as the whole stream was normed.
 
@@ -433,11 +434,15 @@ class ActivationCache(Mapping[str, Tensor]):
         ``pos_slice``: the positions the stack already holds (it selects the cached scale);
         ``batch_slice``: the rows to take, of the stack and the scale; ``has_batch_dim=False``: the
         stack has no batch axis. Components then sum to ``hook_normalized`` up to rounding.
+        ``recompute_ln=True`` with the final norm (``layer`` None / -1 / n_layers): each component is
+        normalised by its own statistics instead (TransformerLens 4's logit-lens option).
 
         Example:
             >>> normed = cache.apply_ln_to_stack(cache.decompose_resid(pos_slice=-1), layer=-1, pos_slice=-1)
         """
-        return cache_tl.apply_ln_to_stack(self, residual_stack, layer, mlp_input, pos_slice, batch_slice, has_batch_dim)
+        return cache_tl.apply_ln_to_stack(
+            self, residual_stack, layer, mlp_input, pos_slice, batch_slice, has_batch_dim, recompute_ln
+        )
 
     def logit_attrs(
         self,

@@ -38,6 +38,7 @@ from .decompose import (
     to_resid,
     z_to_result,
 )
+from .sites import get_module
 
 Cache = Any  # an `ActivationCache`; not imported, since cache.py imports this module
 Sublayer = Literal["attn", "mlp"]
@@ -164,12 +165,16 @@ def apply_ln_to_stack(
     pos_slice: Any = None,
     batch_slice: Any = None,
     has_batch_dim: bool = True,
+    recompute_ln: bool = False,
 ) -> Float[Tensor, "component ... pos d_model"]:
     """Centre (LayerNorm) and divide by the cached scale; see `ActivationCache.apply_ln_to_stack`."""
     model = cache._need_model()
     n = model.cfg.n_layers
     layer = resolve_layer(layer, n)
     mlp_reads_attn(model, layer, mlp_input)
+    if recompute_ln and layer == n:
+        return _own_norm(model, cache._select(residual_stack, batch_slice, 1, "batch_slice") if has_batch_dim
+                         and cache.has_batch_dim else residual_stack)  # fmt: skip
     name = "ln_final.hook_scale" if layer == n else f"blocks.{layer}.{'ln2' if mlp_input else 'ln1'}.hook_scale"
     if name not in model.hook_dict:  # no such norm: one norm feeds both (Phi, GPT-J) or none (OLMo 2)
         name = f"blocks.{layer}.ln1.hook_scale"
@@ -466,3 +471,14 @@ def apply_slice_to_batch_dim(cache: Cache, batch_slice: Any) -> Cache:
 
 def _batch(cache: Cache) -> int:
     return next(iter(cache.cache_dict.values())).shape[0]
+
+
+def _own_norm(model: Any, stack: Tensor) -> Tensor:
+    """Each component normalised by its own statistics with the final norm's epsilon (centred for
+    LayerNorm), weight and bias not applied: TransformerLens' ``recompute_ln``."""
+    norm = get_module(model.hf_model, model.adapter.ln_final)
+    eps = next((getattr(norm, a) for a in ("eps", "variance_epsilon", "epsilon") if hasattr(norm, a)), 1e-5)
+    x = stack.float()
+    if model.cfg.normalization == "layernorm":
+        x = x - x.mean(-1, keepdim=True)
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(stack.dtype)

@@ -10,6 +10,7 @@ from conftest import make_bridge, perturb_
 
 from transformer_bridge import utils
 from transformer_bridge.compat.factored import FactoredMatrix
+from transformer_bridge.sites import get_module
 
 FAMILIES = ["gpt2", "llama", "gpt_neox", "qwen2"]
 TOKENS = torch.tensor([[1, 5, 17, 42, 98, 3, 60], [1, 9, 9, 33, 71, 12, 4]])
@@ -359,3 +360,22 @@ def test_hook_levels(model):
     assert not point.fwd_hooks
     with pytest.raises(TypeError, match="level"):
         model.add_hook(point.name, note("bad"), level="1")
+
+
+def test_apply_ln_to_stack_recompute_ln(model):
+    """``recompute_ln=True`` at the final norm: each component normalised by its own statistics (oracle:
+    torch's layer_norm / an RMS norm without weight); its last row is the cached ``hook_normalized``."""
+    _, cache = model.run_with_cache(TOKENS)
+    stack = cache.accumulated_resid()
+    own = cache.apply_ln_to_stack(stack, recompute_ln=True)
+    norm = get_module(model.hf_model, model.adapter.ln_final)
+    eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None)
+    if model.cfg.normalization == "layernorm":
+        expected = torch.nn.functional.layer_norm(stack, (model.cfg.d_model,), eps=eps)
+    else:
+        expected = stack * torch.rsqrt(stack.pow(2).mean(-1, keepdim=True) + eps)
+    torch.testing.assert_close(own, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(own[-1], cache["ln_final.hook_normalized"], atol=1e-5, rtol=1e-5)
+    cached = cache.apply_ln_to_stack(stack)
+    assert not torch.allclose(own[0], cached[0])  # the first layer's own scale is not the final one
+    assert torch.equal(cache.apply_ln_to_stack(stack, layer=1, recompute_ln=True), cache.apply_ln_to_stack(stack, 1))
