@@ -675,7 +675,10 @@ class BridgeCore(nn.Module, HookRegistry):
                         + "; reduce it, e.g. with .sum() or .mean()."
                     )
                 if not target.requires_grad:
-                    raise ValueError("`metric`'s result does not depend on the logits (no gradient); use the logits.")
+                    raise ValueError(
+                        "The value to backpropagate has no grad_fn: `metric` does not use the logits, or no "
+                        "parameter requires grad (a frozen model); use the logits, or unfreeze the parameters."
+                    )
                 target.reshape(()).backward()
             logits, tensors = logits.detach(), store.tensors
         else:

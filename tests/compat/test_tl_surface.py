@@ -379,3 +379,11 @@ def test_apply_ln_to_stack_recompute_ln(model):
     cached = cache.apply_ln_to_stack(stack)
     assert not torch.allclose(own[0], cached[0])  # the first layer's own scale is not the final one
     assert torch.equal(cache.apply_ln_to_stack(stack, layer=1, recompute_ln=True), cache.apply_ln_to_stack(stack, 1))
+
+
+def test_incl_bwd_on_a_frozen_model_says_why():
+    model = make_bridge("llama")
+    for p in model.hf_model.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(ValueError, match="no grad_fn"):
+        model.run_with_cache(TOKENS, incl_bwd=True)
