@@ -19,7 +19,7 @@ from transformers import GenerationConfig
 from ..cache import ActivationCache
 from ..checks import check_int
 from ..core import BridgeCore, Input, NamesFilter
-from . import beams, control, decode, keywords, resolve, stream
+from . import beams, control, decode, keywords, resolve, speculative, stream
 from .branch import ANY_TOKEN, Branch, View
 from .control import ControllerError
 from .outputs import FINISH_REASONS, FinishReason, GenerationOutput
@@ -135,6 +135,9 @@ def generate(
     padding_side: Literal["left", "right"] | None = None,
     controller: Any = None,
     max_steps: int | None = None,
+    prompt_lookup_num_tokens: int | None = None,
+    assistant_model: BridgeCore | None = None,
+    num_assistant_tokens: int | None = None,
 ) -> Any:
     """Generate up to ``max_new_tokens`` tokens per row with the model's KV cache.
 
@@ -211,6 +214,13 @@ def generate(
             fork or stop a row, and read the activations it names in ``reads`` from the same forward.
             See docs/control.md and `transformer_bridge.grammar`. ``max_steps``: the forwards after the
             prompt a controlled generation may run (default 4 × ``max_new_tokens``).
+        prompt_lookup_num_tokens: speculative decoding with drafts from the row itself (up to this many
+            tokens that followed the latest earlier occurrence of its last n-gram): one forward verifies
+            them. ``assistant_model`` (a bridge with the same vocabulary) drafts
+            ``num_assistant_tokens`` (default 5) greedy tokens instead. Greedy tokens are the plain
+            loop's; sampling keeps its distribution (the standard acceptance rule). Hooks see the verify
+            chunk (``hook.ctx.kind == "verify"``); rejected drafts leave no trace in the output or the
+            KV cache. See docs/generation.md.
 
     Returns:
         The output (see ``return_type`` / ``return_dict``), or ``(output, cache)`` with
@@ -237,13 +247,18 @@ def generate(
     request = resolve.prepare(model, locals())  # every argument above, by name
     p, tokens, mask = request.plan, request.tokens, request.mask
     n = p.search.num_return_sequences
+    speculation = {"prompt_lookup_num_tokens": prompt_lookup_num_tokens, "assistant_model": assistant_model,
+                   "num_assistant_tokens": num_assistant_tokens}  # fmt: skip
+    drafts = speculative.drafter(model, speculation, p, request.controller)
     if p.search.num_beams > 1:
         out = beams.beam_search(model, tokens, mask, p)
     else:
         if n > 1:
             tokens = tokens.repeat_interleave(n, dim=0)
             mask = mask.repeat_interleave(n, dim=0)
-        if request.controller is None:
+        if drafts is not None:
+            out = speculative.generate(model, tokens, mask, p, drafts)
+        elif request.controller is None:
             out = decode.generate(model, tokens, mask, p)
         else:
             controllers = control.check_controller(request.controller, request.tokens.shape[0], model)
@@ -277,6 +292,8 @@ _NOT_STREAMED = {
     "streamer": "`generate_stream` is the stream; for an HF streamer, call `generate(..., streamer=...)`.",
     **{name: "a controller may backtrack tokens a stream has already yielded; call `generate(..., controller=...)`."
        for name in ("controller", "max_steps")},
+    **{name: "speculative decoding runs in `generate`; call `generate(..., prompt_lookup_num_tokens=k)`."
+       for name in ("prompt_lookup_num_tokens", "assistant_model", "num_assistant_tokens")},
 }  # fmt: skip
 _SIGNATURE = inspect.signature(generate).parameters
 _STREAM_DEFAULTS = {

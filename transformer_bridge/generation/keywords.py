@@ -32,8 +32,6 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
                              "n.endswith('hook_resid_post')`: every layer's residual stream"),
     "past_key_values": ((), "`generate` builds its own KV cache per call"),
     "inputs_embeds": ((), "pass token ids; a hook on `hook_embed` can replace their embeddings"),
-    "assistant_model": ((), "assisted (speculative) decoding is not implemented"),
-    "prompt_lookup_num_tokens": ((), "prompt-lookup decoding is not implemented"),
     "prefix_allowed_tokens_fn": ((), _PROCESSOR.format("PrefixConstrainedLogitsProcessor(fn, num_beams)")),
     "synced_gpus": ((False,), "synchronised multi-GPU decoding is not implemented"),
     "negative_prompt_ids": ((), "classifier-free guidance is not implemented"),
