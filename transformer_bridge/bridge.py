@@ -12,6 +12,7 @@ from .generation import generate as _generate
 from .generation import generate_stream as _generate_stream
 from .relevance import forward_pass as _forward_pass
 from .relevance import relevance as _relevance
+from .steering import steer as _steer
 
 __all__ = ["BridgeConfig", "TransformerBridge"]
 
@@ -35,3 +36,4 @@ class TransformerBridge(Components, TokenHelpers, WeightProperties, BridgeCore):
     generate_stream = _generate_stream
     forward_pass = _forward_pass
     relevance = _relevance
+    steer = _steer
