@@ -19,7 +19,7 @@ from transformers import GenerationConfig
 from ..cache import ActivationCache
 from ..checks import check_int
 from ..core import BridgeCore, Input, NamesFilter
-from . import beams, control, decode, keywords, resolve, speculative, stream
+from . import beams, control, decode, fast, keywords, resolve, speculative, stream
 from .branch import ANY_TOKEN, Branch, View
 from .control import ControllerError
 from .outputs import FINISH_REASONS, FinishReason, GenerationOutput
@@ -138,6 +138,8 @@ def generate(
     prompt_lookup_num_tokens: int | None = None,
     assistant_model: BridgeCore | None = None,
     num_assistant_tokens: int | None = None,
+    cache_implementation: Literal["dynamic", "static"] = "dynamic",
+    compile: bool = False,
 ) -> Any:
     """Generate up to ``max_new_tokens`` tokens per row with the model's KV cache.
 
@@ -221,6 +223,10 @@ def generate(
             loop's; sampling keeps its distribution (the standard acceptance rule). Hooks see the verify
             chunk (``hook.ctx.kind == "verify"``); rejected drafts leave no trace in the output or the
             KV cache. See docs/generation.md.
+        cache_implementation: ``"static"`` decodes over a preallocated KV cache, with the host looking at
+            finished rows only every few steps (no sync per step). ``compile=True`` (implies it) also
+            compiles the one-token decode step with ``torch.compile``, once per batch size and cache
+            length bucket, reused across calls; hooks and `steer` interventions run inside it.
 
     Returns:
         The output (see ``return_type`` / ``return_dict``), or ``(output, cache)`` with
@@ -250,6 +256,7 @@ def generate(
     speculation = {"prompt_lookup_num_tokens": prompt_lookup_num_tokens, "assistant_model": assistant_model,
                    "num_assistant_tokens": num_assistant_tokens}  # fmt: skip
     drafts = speculative.drafter(model, speculation, p, request.controller)
+    static = fast.check(model, cache_implementation, compile, p, request.controller, drafts)
     if p.search.num_beams > 1:
         out = beams.beam_search(model, tokens, mask, p)
     else:
@@ -258,6 +265,8 @@ def generate(
             mask = mask.repeat_interleave(n, dim=0)
         if drafts is not None:
             out = speculative.generate(model, tokens, mask, p, drafts)
+        elif static:
+            out = fast.generate(model, tokens, mask, p, compile)
         elif request.controller is None:
             out = decode.generate(model, tokens, mask, p)
         else:
@@ -294,6 +303,8 @@ _NOT_STREAMED = {
        for name in ("controller", "max_steps")},
     **{name: "speculative decoding runs in `generate`; call `generate(..., prompt_lookup_num_tokens=k)`."
        for name in ("prompt_lookup_num_tokens", "assistant_model", "num_assistant_tokens")},
+    **{name: "the static-cache (compiled) loop runs in `generate`; call `generate(..., compile=True)`."
+       for name in ("cache_implementation", "compile")},
 }  # fmt: skip
 _SIGNATURE = inspect.signature(generate).parameters
 _STREAM_DEFAULTS = {

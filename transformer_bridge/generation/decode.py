@@ -247,6 +247,11 @@ class _Records:
         if self.keep_scores:
             self.scores.append(scores)
 
+    def keep(self, n: int) -> None:
+        """Forget the steps after the first ``n`` (the fast loop runs a few steps past the end)."""
+        for steps in (self.logprobs, self.top_values, self.top_ids, self.logits, self.scores):
+            del steps[n:]
+
     def finish(self, out: GenerationOutput) -> GenerationOutput:
         """Stack the steps run and zero the steps after a row finished."""
         if not self.on:

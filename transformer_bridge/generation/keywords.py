@@ -56,7 +56,6 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "remove_invalid_values": ((False,), _PROCESSOR.format("InfNanRemoveLogitsProcessor")),
     "watermarking_config": ((), "watermarking is not implemented"),
     "token_healing": ((False,), "token healing is not implemented"),
-    "cache_implementation": (("dynamic",), "`generate` uses HF's `DynamicCache`"),
     "custom_generate": ((), "custom generation code does not run here"),
     "trust_remote_code": ((False,), "custom generation code does not run here"),
 }  # fmt: skip
