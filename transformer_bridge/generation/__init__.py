@@ -253,10 +253,8 @@ def generate(
     request = resolve.prepare(model, locals())  # every argument above, by name
     p, tokens, mask = request.plan, request.tokens, request.mask
     n = p.search.num_return_sequences
-    speculation = {"prompt_lookup_num_tokens": prompt_lookup_num_tokens, "assistant_model": assistant_model,
-                   "num_assistant_tokens": num_assistant_tokens}  # fmt: skip
-    drafts = speculative.drafter(model, speculation, p, request.controller)
-    static = fast.check(model, cache_implementation, compile, p, request.controller, drafts)
+    drafts = speculative.drafter(model, request.speculation, p, request.controller)
+    static = fast.check(model, request.cache_implementation, request.compile, p, request.controller, drafts)
     if p.search.num_beams > 1:
         out = beams.beam_search(model, tokens, mask, p)
     else:

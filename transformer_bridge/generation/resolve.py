@@ -64,6 +64,9 @@ class Request:
     device: torch.device | None
     controller: Any = None  # as given; `control.check_controller` makes one per row
     max_steps: int = 0
+    speculation: dict[str, Any] | None = None  # as given; `speculative.drafter` checks them
+    cache_implementation: Any = "dynamic"  # as given, with `compile`; `fast.check` checks them
+    compile: Any = False
 
 
 class Settings:
@@ -155,8 +158,9 @@ def prepare(model: BridgeCore, a: Mapping[str, Any]) -> Request:
         "pad_token_id": _pad_token_id(model, settings, a["pad_token_id"]), "return_dict": return_dict, **outputs,
     }, a))  # fmt: skip
     steps = _control(a["controller"], a["max_steps"], plan)
+    speculation = {name: a[name] for name in ("prompt_lookup_num_tokens", "assistant_model", "num_assistant_tokens")}
     return Request(tokens, mask, prompts, single, text_out, plan, return_dict, hf_layout, return_cache, names, device,
-                   a["controller"], steps)  # fmt: skip
+                   a["controller"], steps, speculation, a["cache_implementation"], a["compile"])  # fmt: skip
 
 
 def _user_eos(settings: Settings, eos_token_id: Any) -> Any:
