@@ -53,12 +53,13 @@ def test_points_shapes_and_config(model):
     assert logits.shape == weights.shape == (*TOKENS.shape, 4)
     assert cache[f"blocks.{LAYER}.mlp.hook_expert_result"].shape == (*TOKENS.shape, 4, c.d_model)
     assert ((weights != 0).sum(-1) == 2).all()  # top-2: two experts per token, the others weigh 0
-    chosen = weights.topk(2, dim=-1).indices.sort(-1).values
-    assert torch.equal(chosen, logits.topk(2, dim=-1).indices.sort(-1).values)  # every rule keeps the top logits
+    if model.adapter.moe.routing != "sigmoid_group_topk":  # DeepSeek: groups and a bias decide, not only logits
+        chosen = weights.topk(2, dim=-1).indices.sort(-1).values
+        assert torch.equal(chosen, logits.topk(2, dim=-1).indices.sort(-1).values)  # the top logits win
     # Dense-MLP points do not exist on a mixture-of-experts block (they do on Llama 4's dense block 0).
     for name in ("mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post"):
         assert f"blocks.{LAYER}.{name}" not in model.hook_dict
-    assert ("blocks.0.mlp.hook_post" in model.hook_dict) == (c.model_type == "llama4_text")
+    assert ("blocks.0.mlp.hook_post" in model.hook_dict) == (c.model_type in ("llama4_text", "deepseek_v3"))
     with pytest.raises(ValueError, match="mixture-of-experts"):
         MLP_WEIGHTS["W_in"](model, LAYER)
 
@@ -79,6 +80,8 @@ def test_expert_results_sum_to_the_routed_output(model):
             shared = torch.sigmoid(block.shared_expert_gate(x)) * block.shared_expert(x)
         elif hasattr(block, "shared_expert"):  # Llama 4
             shared = block.shared_expert(x)
+        elif hasattr(block, "shared_experts"):  # DeepSeek-V3
+            shared = block.shared_experts(x)
     _close(routed + torch.as_tensor(shared).reshape(routed.shape if torch.is_tensor(shared) else ()),
            cache["mlp_out", LAYER])  # fmt: skip
 
@@ -274,3 +277,43 @@ def test_shorthand_names(model):
     assert torch.equal(cache["expert_weights", LAYER], cache[f"blocks.{LAYER}.mlp.hook_expert_weights"])
     with pytest.raises(KeyError, match="hook_router_logits"):
         model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.mlp.hook_router_logit", lambda x, h: x)])
+
+
+def test_latent_attention_points():
+    """DeepSeek-V3's MLA: edits of the query, the latent and the shared rotary key equal plain torch hooks on
+    their projections; a pattern edit equals writing pattern @ v (v expanded from the latent by hand) into z."""
+    model = make_bridge("deepseek_v3")
+    attn = _moe(model, "self_attn")
+    scale_q = (attn.q_b_proj, lambda out: out * 1.5, "attn.hook_q")
+    scale_latent = (attn.kv_a_proj_with_mqa, lambda out: torch.cat([out[..., :12] * 1.5, out[..., 12:]], -1),
+                    "attn.hook_kv_latent")  # fmt: skip
+    scale_rope = (attn.kv_a_proj_with_mqa, lambda out: torch.cat([out[..., :12], out[..., 12:] * 1.5], -1),
+                  "attn.hook_k_rope")  # fmt: skip
+    for module, manual, name in (scale_q, scale_latent, scale_rope):
+        handle = module.register_forward_hook(lambda m, a, out, manual=manual: manual(out))
+        with torch.no_grad():
+            expected = model.hf_model(TOKENS).logits
+        handle.remove()
+        assert not torch.allclose(expected, model.hf_model(TOKENS).logits)
+        with torch.no_grad():
+            got = model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.{name}", lambda x, h: x * 1.5)])
+        _close(got, expected)
+    _, cache = model.run_with_cache(TOKENS, names_filter=lambda n: n.startswith(f"blocks.{LAYER}.attn"))
+    assert cache["q", LAYER].shape == (*TOKENS.shape, 4, 10) and cache["z", LAYER].shape == (*TOKENS.shape, 4, 8)
+    assert cache["blocks.1.attn.hook_kv_latent"].shape == (*TOKENS.shape, 12)
+    latent = attn.kv_a_layernorm(cache["blocks.1.attn.hook_kv_latent"])
+    v = attn.kv_b_proj(latent).view(*TOKENS.shape, 4, 6 + 8)[..., 6:]  # per head [k without rope | v]
+    pos = TOKENS.shape[1]
+    uniform = torch.tril(torch.ones(pos, pos)) / torch.arange(1, pos + 1)[:, None]
+    z = cache["z", LAYER].clone()
+    z[:, :, 2] = torch.einsum("qk,bkd->bqd", uniform, v[:, :, 2])
+
+    def set_pattern(p, hook):
+        p = p.clone()
+        p[:, 2] = uniform
+        return p
+
+    with torch.no_grad():
+        expected = model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.attn.hook_z", lambda x, h: z)])
+        got = model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.attn.hook_pattern", set_pattern)])
+    _close(got, expected)

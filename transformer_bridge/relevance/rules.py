@@ -16,7 +16,11 @@ Rules (``attnlrp`` | ``cp_lrp``):
 - activation ``act(x)``: identity rule, gradient replaced by ``act(x) / x`` | same for plain MLPs;
 - gated MLP ``act(gate) * up``: identity rule on ``act`` and uniform rule on the product (gradient ÷ 2
   on each factor) | ``act(gate)`` constant, the product is linear in ``up``;
-- Gemma 2's final logit soft-cap: identity rule (see `softcap_identity`).
+- Gemma 2's final logit soft-cap: identity rule (see `softcap_identity`);
+- mixture-of-experts blocks: the router's weights ``hook_expert_weights`` constant (like a norm's scale,
+  so relevance flows only through the experts a token was routed to, in proportion to their weighted
+  outputs), and each expert's ``act(gate) * up`` (``hook_expert_pre`` / ``hook_expert_post``) under the
+  gated-MLP rule above | same.
 """
 
 from collections.abc import Callable
@@ -62,6 +66,11 @@ def attention_constant(model: BridgeCore) -> HookList:
     return [(name, _constant) for name in points(model, "attn.hook_q") + points(model, "attn.hook_k")]
 
 
+def router_constant(model: BridgeCore) -> HookList:
+    """Mixture-of-experts router weights held constant, as a norm's scale: no relevance reaches the router."""
+    return [(name, _constant) for name in points(model, "mlp.hook_expert_weights")]
+
+
 def mlp_attnlrp(model: BridgeCore) -> HookList:
     """Identity rule on the activation; uniform rule on ``act(gate) × up`` (gradient ÷ 2 on each factor)."""
     return _mlp_hooks(model, gate_share=0.5 if model.cfg.gated_mlp else 1.0)
@@ -75,8 +84,8 @@ def mlp_cp_lrp(model: BridgeCore) -> HookList:
 # The rules of each variant. A new kind of computation (e.g. a mixture-of-experts router) gets one `Rule`
 # function over its hook points, added to the variants it belongs to.
 RULES: dict[Variant, tuple[Rule, ...]] = {
-    "attnlrp": (norm_scales_constant, attention_uniform, mlp_attnlrp),
-    "cp_lrp": (norm_scales_constant, attention_constant, mlp_cp_lrp),
+    "attnlrp": (norm_scales_constant, attention_uniform, mlp_attnlrp, router_constant),
+    "cp_lrp": (norm_scales_constant, attention_constant, mlp_cp_lrp, router_constant),
 }
 
 
@@ -123,8 +132,8 @@ def _mlp_hooks(model: BridgeCore, gate_share: float) -> HookList:
     enters the graph; ``hook_post`` (the down projection's input) re-attaches the gradient with the
     rule's constant factors. For gated MLPs ``post = act(gate) * up``, so ``post / gate`` is
     ``(act(gate) / gate) * up``: the identity rule times the other factor, and ``up`` gets the rest
-    (``1 - gate_share``). Plain MLPs give the whole share to the activation. Blocks without both points
-    (mixture-of-experts blocks) get no MLP rule here.
+    (``1 - gate_share``). Plain MLPs give the whole share to the activation. Mixture-of-experts blocks get
+    the same rule on every expert's ``hook_expert_pre`` / ``hook_expert_post`` (always gated).
     """
     hooks: HookList = []
     up_share = 1.0 - gate_share if model.cfg.gated_mlp else 0.0
@@ -132,6 +141,9 @@ def _mlp_hooks(model: BridgeCore, gate_share: float) -> HookList:
         pre_name = post_name.removesuffix("hook_post") + "hook_pre"
         if pre_name in model.hook_dict:
             hooks += _identity_pair(pre_name, post_name, gate_share, up_share)
+    for post_name in points(model, "mlp.hook_expert_post"):
+        pre_name = post_name.removesuffix("hook_expert_post") + "hook_expert_pre"
+        hooks += _identity_pair(pre_name, post_name, gate_share, 1.0 - gate_share)
     return hooks
 
 
