@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from . import cache_tl
-from .checks import check_device
+from .checks import ArgumentValueError, check_device
 from .names import HookNames, NotCachedError, get_act_name, tl4_spelling
 from .utils import Slice
 
@@ -193,7 +193,7 @@ class ActivationCache(Mapping[str, Tensor]):
             return self
         for name, t in self._tensors.items():
             if t.shape[0] != 1:
-                raise ValueError(f"remove_batch_dim needs batch 1, but {name!r} has batch {t.shape[0]}.")
+                raise ArgumentValueError(f"remove_batch_dim needs batch 1, but {name!r} has batch {t.shape[0]}.")
         squeezed: dict[int, Tensor] = {}
         out = {k: squeezed.setdefault(id(t), t[0]) for k, t in self._tensors.items()}
         mask = None if self.attention_mask is None else self.attention_mask[0]

@@ -16,6 +16,7 @@ norm's weight: the frozen-scale reading `apply_ln_to_stack` and the ``dla`` rele
 ``hook_result`` itself stays what the hook point shows: the head's output before that norm.
 """
 
+import logging
 import operator
 from typing import Any, Literal
 
@@ -42,6 +43,7 @@ from .sites import get_module
 
 Cache = Any  # an `ActivationCache`; not imported, since cache.py imports this module
 Sublayer = Literal["attn", "mlp"]
+logger = logging.getLogger(__name__)
 
 
 def resolve_layer(layer: Any, n_layers: int, param: str = "layer", final: bool = True) -> int:
@@ -245,12 +247,16 @@ def _token_ids(model: Any, tokens: Any, param: str) -> Tensor | None:
 # -- weights ----------------------------------------------------------------------------------
 def _model(cache: Cache) -> Any:
     model = cache._need_model()
-    if not hasattr(model, "hf_model") or not hasattr(model, "adapter"):
+    if not _is_bridge(model):
         raise TypeError(
             f"This helper reads the model's weights, so the cache's model must be a TransformerBridge; got "
             f"{type(model).__name__}. Attach one with `ActivationCache.load(path, model=bridge)`."
         )
     return model
+
+
+def _is_bridge(model: Any) -> bool:
+    return hasattr(model, "hf_model") and hasattr(model, "adapter")
 
 
 def _acts(cache: Cache, pos_slice: Any, why: str) -> Activations:
@@ -284,13 +290,38 @@ def _matched(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
 
 # -- heads ------------------------------------------------------------------------------------
 def compute_head_results(cache: Cache) -> None:
-    """Store ``blocks.L.attn.hook_result`` for every layer whose ``hook_z`` is cached and result is not."""
-    model = _model(cache)
+    """Store ``blocks.L.attn.hook_result`` for every layer whose ``hook_z`` is cached and result is not.
+
+    A cached result with the wrong rank or head count (left by an edit of the cache) is recomputed; if every
+    layer's result is already cached and well formed, nothing is computed and TransformerLens' warning is logged.
+    The model is duck-typed like TransformerLens': a bridge, or anything with ``cfg.n_layers``, ``cfg.n_heads``
+    and ``blocks[L].attn.W_O`` (``[head, d_head, d_model]``, used as given, so gradients reach it).
+    """
+    if not _fill_head_results(cache, cache._need_model()):
+        logger.warning("Tried to compute head results when they were already cached")
+
+
+def _fill_head_results(cache: Cache, model: Any) -> bool:
+    """Compute the missing or malformed ``hook_result`` of each layer; False if there was none to compute."""
+    n_heads = model.cfg.n_heads
+    rank = 4 if cache.has_batch_dim else 3
+    todo = []
     for layer in range(model.cfg.n_layers):
-        name = f"blocks.{layer}.attn.hook_result"
-        if name not in cache.cache_dict:
-            z = cache._get(f"blocks.{layer}.attn.hook_z", "compute_head_results")
-            cache.cache_dict[name] = z_to_result(model, layer, z)
+        old = cache.cache_dict.get(f"blocks.{layer}.attn.hook_result")
+        if old is None or old.dim() != rank or old.shape[-2] != n_heads:
+            todo.append(layer)
+    if not todo:
+        return False
+    for layer in todo:
+        z = cache._get(f"blocks.{layer}.attn.hook_z", "compute_head_results")
+        if _is_bridge(model):
+            result = z_to_result(model, layer, z)
+        else:  # TransformerLens' duck-typed model: W_O [head, d_head, d_model] as the model gives it
+            weight = model.blocks[layer].attn.W_O
+            dtype = torch.promote_types(z.dtype, weight.dtype)
+            result = torch.einsum("...hd,hdm->...hm", z.to(dtype), weight.to(z.device, dtype))
+        cache.cache_dict[f"blocks.{layer}.attn.hook_result"] = result
+    return True
 
 
 def head_results(cache: Cache, layer: int, pos_slice: Any = None) -> Float[Tensor, "... pos head d_model"]:
@@ -309,6 +340,8 @@ def stack_head_results(
     """Every head's contribution before ``layer``; see `ActivationCache.stack_head_results`."""
     model = _model(cache)
     layer = resolve_layer(layer, model.cfg.n_layers)
+    if all(f"blocks.{i}.attn.hook_z" in cache.cache_dict for i in range(model.cfg.n_layers)):
+        _fill_head_results(cache, model)  # stored like TransformerLens does, so later calls reuse them
     parts = [head_results(cache, i, pos_slice).movedim(-2, 0) for i in range(layer)]
     labels = [f"L{i}H{h}" for i in range(layer) for h in range(model.cfg.n_heads)]
     return _finish(cache, parts, labels, layer, False, incl_remainder, pos_slice, apply_ln, return_labels)

@@ -37,6 +37,15 @@ class ArgumentIndexError(IndexError, ValueError):
     """An index out of range (an `IndexError`; also a `ValueError` for older ``except`` clauses)."""
 
 
+class ArgumentValueError(ValueError, AssertionError):
+    """A bad argument value (a `ValueError`; also an `AssertionError`, which TransformerLens raises for the same
+    misuse, so ``except AssertionError`` written for TransformerLens keeps working)."""
+
+
+class ArgumentIndexAssertionError(ArgumentIndexError, AssertionError):
+    """An index out of range where TransformerLens asserts (an `ArgumentIndexError` that is an `AssertionError`)."""
+
+
 def describe(value: Any) -> str:
     """A short description of ``value`` for a message: a tensor's dtype and shape, else a clipped repr."""
     if isinstance(value, Tensor):

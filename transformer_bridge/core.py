@@ -6,6 +6,7 @@ The core imports neither generation nor relevance: those are functions over a `B
 
 import contextlib
 import copy
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
@@ -20,7 +21,7 @@ from . import attention
 from .adapters import Adapter, adapter_for
 from .cache import ActivationCache, check_pos_slice
 from .caching import CacheWriter, next_token_loss, next_token_losses
-from .checks import check_bool, check_device, describe, suggest_keywords
+from .checks import ArgumentIndexError, check_bool, check_device, describe, suggest_keywords
 from .config import BridgeConfig, bridge_config
 from .distributed import attach_shard_specs, full_param, input_device, tp_mesh
 from .hook_points import HookContext, HookPoint, HookRegistry, NameOrFilter
@@ -426,6 +427,7 @@ class BridgeCore(nn.Module, HookRegistry):
         stop_at_layer: int | None = None,
         start_at_layer: int | None = None,
         residual: Float[Tensor, "batch pos d_model"] | None = None,
+        explicit_positions: bool = False,
         **hf_kwargs: Any,
     ) -> Any:
         """Logits for prepared tokens (see `prepare_input`); what `forward` and every caching run call.
@@ -435,10 +437,11 @@ class BridgeCore(nn.Module, HookRegistry):
         ``stop_at_layer=L`` returns the residual stream entering block ``L`` (``n_layers``: before
         the final norm) without computing the rest; ``start_at_layer=K`` feeds ``residual`` into
         block ``K``. With ``hf_kwargs`` (``output_hidden_states``) HF's output object is returned.
+        ``explicit_positions``: ``ctx.positions`` are the caller's ``position_ids``, passed to HF even unpadded.
         """
         ctx = ctx or HookContext.from_mask(mask)
         padded = not bool(mask.all())
-        positions = ctx.positions if padded else None
+        positions = ctx.positions if padded or explicit_positions else None
         n = self.cfg.n_layers
         blocks = get_module(self.hf_model, self.adapter.blocks)
         with contextlib.ExitStack() as stack:
@@ -449,7 +452,9 @@ class BridgeCore(nn.Module, HookRegistry):
             if start_at_layer is not None:
                 start = check_layer(start_at_layer, n, "start_at_layer")
                 if start == n:
-                    raise IndexError(f"`start_at_layer`={start_at_layer}: start at a block, 0..{n - 1}.")
+                    raise ArgumentIndexError(
+                        f"`start_at_layer`={start_at_layer} is out of range: start at a block, 0..{n - 1}."
+                    )
                 stack.enter_context(start_at(blocks[start], residual))
                 stack.enter_context(self._starting_at(start))
             try:
@@ -508,6 +513,7 @@ class BridgeCore(nn.Module, HookRegistry):
         token_type_ids: Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        position_ids: Int[Tensor, "batch pos"] | None = None,
     ) -> Any:
         """Logits ``[batch, pos, d_vocab]``, TransformerLens' ``forward`` with HF's keywords too.
 
@@ -521,7 +527,8 @@ class BridgeCore(nn.Module, HookRegistry):
         entering block ``L`` without computing the rest (negative counts from the end;
         ``n_layers``: before the final norm). ``output_hidden_states`` / ``output_attentions`` return
         HF's output object (``.logits``, ``.hidden_states``, ``.attentions``, the latter read from
-        ``hook_pattern``).
+        ``hook_pattern``). ``position_ids`` ``[batch, pos]`` (the tokens' shape) replace the positions
+        derived from the mask, as in HF; ``hook.ctx.positions`` shows them.
 
         Example:
             >>> logits = model("The capital of France is")
@@ -541,7 +548,7 @@ class BridgeCore(nn.Module, HookRegistry):
             residual, input = input, tokens
             if not isinstance(residual, Tensor) or residual.dim() != 3 or residual.shape[-1] != self.cfg.d_model:
                 raise ValueError(
-                    f"With `start_at_layer`, `input` is the residual stream [batch, pos, {self.cfg.d_model}], got "
+                    f"With `start_at_layer`, `input` is a residual-stream tensor [batch, pos, {self.cfg.d_model}], got "
                     f"{describe(residual)}."
                 )
             if input is None:
@@ -549,6 +556,19 @@ class BridgeCore(nn.Module, HookRegistry):
         if input is None:
             raise TypeError("forward() needs `input` (text or token ids) or `input_ids`.")
         tokens, mask = self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side or "left")
+        ctx = None
+        if position_ids is not None:
+            if (
+                not isinstance(position_ids, Tensor)
+                or position_ids.shape != tokens.shape
+                or position_ids.is_floating_point()
+            ):
+                raise ValueError(
+                    f"`position_ids` must be an integer tensor of the tokens' shape {tuple(tokens.shape)}, got "
+                    f"{describe(position_ids)}."
+                )
+            position_ids = position_ids.to(tokens.device)
+            ctx = dataclasses.replace(HookContext.from_mask(mask), positions=position_ids)
         hf_kwargs = {"output_hidden_states": True} if output_hidden_states else {}
         patterns: dict[str, Tensor] = {}
         with contextlib.ExitStack() as stack:
@@ -557,8 +577,9 @@ class BridgeCore(nn.Module, HookRegistry):
                 stack.enter_context(self.hooks(fwd_hooks=[("pattern", keep.hook)], read_only=True))
                 patterns = keep.tensors
             out = self.forward_tokens(
-                tokens, mask, stop_at_layer=stop_at_layer, start_at_layer=start_at_layer, residual=residual, **hf_kwargs
-            )
+                tokens, mask, ctx, stop_at_layer=stop_at_layer, start_at_layer=start_at_layer, residual=residual,
+                explicit_positions=position_ids is not None, **hf_kwargs,
+            )  # fmt: skip
         if stop_at_layer is not None or return_type is None:
             return None if return_type is None and stop_at_layer is None else out
         if output_hidden_states or output_attentions:

@@ -16,7 +16,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from . import names
-from .checks import ArgumentTypeError, describe
+from .checks import ArgumentTypeError, ArgumentValueError, describe
 
 __all__ = [
     "Slice",
@@ -28,6 +28,7 @@ __all__ = [
     "remove_batch_dim",
     "test_prompt",
     "to_numpy",
+    "transpose",
 ]
 
 _NAME_ALIAS = {
@@ -125,8 +126,13 @@ def lm_cross_entropy_loss(
     log_probs = F.log_softmax(logits, dim=-1)
     predicted = log_probs[..., :-1, :].gather(dim=-1, index=tokens[..., 1:, None])[..., 0]
     if attention_mask is not None:
+        if attention_mask.shape != tokens.shape:
+            raise ArgumentValueError(
+                f"`attention_mask` must have the tokens' shape {tuple(tokens.shape)}, got "
+                f"{tuple(attention_mask.shape)}."
+            )
         keep = torch.logical_and(attention_mask[:, :-1], attention_mask[:, 1:])
-        predicted = predicted * keep
+        predicted = torch.where(keep, predicted, predicted.new_zeros(()))  # a masked NaN stays out of the sum
         n_tokens = keep.sum()
     else:
         n_tokens = predicted.numel()
@@ -143,6 +149,16 @@ def lm_accuracy(
     """
     hits = logits.argmax(dim=-1)[:, :-1] == tokens[:, 1:]
     return hits if per_token else hits.sum() / hits.numel()
+
+
+def transpose(tensor: Float[Tensor, "... a b"]) -> Float[Tensor, "... b a"]:
+    """The last two axes swapped (TransformerLens' ``utils.transpose``).
+
+    Example:
+        >>> transpose(torch.zeros(2, 3, 5)).shape
+        torch.Size([2, 5, 3])
+    """
+    return tensor.transpose(-2, -1)
 
 
 def remove_batch_dim(tensor: Tensor) -> Tensor:

@@ -68,12 +68,15 @@ def test_qk_ov_are_the_per_head_products(model):
     qk, ov = model.QK, model.OV
     assert qk.shape == ov.shape == (n, h, model.cfg.d_model, model.cfg.d_model)
     for layer in range(n):
-        attn = model.blocks[layer].attn  # per-layer views of the HF weights (GQA: kv heads repeated)
+        attn = model.blocks[layer].attn  # per-layer views of the HF weights (GQA: W_K / W_V over kv heads)
         wq, wk, wv, wo = attn.W_Q, attn.W_K, attn.W_V, attn.W_O
+        group = h // wk.shape[0]  # query head `head` reads kv head `head // group` (HF's repeat_kv)
+        assert wk.shape[0] == wv.shape[0] == model.cfg.n_kv_heads
         for head in range(h):
-            torch.testing.assert_close(qk.AB[layer, head], wq[head] @ wk[head].T)
-            torch.testing.assert_close(ov.AB[layer, head], wv[head] @ wo[head])
-            torch.testing.assert_close(qk[layer, head].AB, wq[head] @ wk[head].T)
+            kv = head // group
+            torch.testing.assert_close(qk.AB[layer, head], wq[head] @ wk[kv].T)
+            torch.testing.assert_close(ov.AB[layer, head], wv[kv] @ wo[head])
+            torch.testing.assert_close(qk[layer, head].AB, wq[head] @ wk[kv].T)
 
 
 def test_factored_matrix_algebra():

@@ -106,8 +106,12 @@ def check_qkv(model, cache, layer: int, x: torch.Tensor) -> None:
     ]:
         kv_heads = torch.einsum("bpm,hmd->bphd", x, kv_w[layer]) + kv_b[layer]
         torch.testing.assert_close(kv_heads, cache[key, layer], **TOL)
-        # Repeated to n_heads: query head h reads kv head h // groups (HF's repeat_kv).
-        per_head = torch.einsum("bpm,hmd->bphd", x, w[layer]) + b[layer]
+        # W_K / W_V are over the kv heads too (TransformerLens 4), the same numbers as _W_K / _W_V.
+        assert torch.equal(w, kv_w) and torch.equal(b, kv_b)
+        # Repeated to n_heads (kv_heads=False): query head h reads kv head h // groups (HF's repeat_kv).
+        fn = {"k": (ATTN_WEIGHTS["W_K"], ATTN_WEIGHTS["b_K"]), "v": (ATTN_WEIGHTS["W_V"], ATTN_WEIGHTS["b_V"])}[key]
+        per_head = torch.einsum("bpm,hmd->bphd", x, fn[0](model, layer, kv_heads=False))
+        per_head = per_head + fn[1](model, layer, kv_heads=False)
         torch.testing.assert_close(per_head, cache[key, layer].repeat_interleave(groups, dim=2), **TOL)
 
 
@@ -154,8 +158,8 @@ def test_shapes(run):
     c = model.cfg
     n, h, kv, d, dh, m, v = c.n_layers, c.n_heads, c.n_kv_heads, c.d_model, c.d_head, c.d_mlp, c.d_vocab
     expected = {
-        "W_Q": (n, h, d, dh), "W_K": (n, h, d, dh), "W_V": (n, h, d, dh), "_W_K": (n, kv, d, dh),
-        "_W_V": (n, kv, d, dh), "W_O": (n, h, dh, d), "b_Q": (n, h, dh), "b_K": (n, h, dh), "b_V": (n, h, dh),
+        "W_Q": (n, h, d, dh), "W_K": (n, kv, d, dh), "W_V": (n, kv, d, dh), "_W_K": (n, kv, d, dh),
+        "_W_V": (n, kv, d, dh), "W_O": (n, h, dh, d), "b_Q": (n, h, dh), "b_K": (n, kv, dh), "b_V": (n, kv, dh),
         "_b_K": (n, kv, dh), "_b_V": (n, kv, dh), "b_O": (n, d), "W_in": (n, d, m), "W_out": (n, m, d),
         "b_in": (n, m), "b_out": (n, d), "W_E": (v, d), "W_U": (d, v), "b_U": (v,), "W_U_raw": (d, v),
     }  # fmt: skip
@@ -232,8 +236,6 @@ def test_per_layer_weights_are_views_that_edit_the_model(family):
         if t is None:  # W_gate of an ungated MLP
             continue
         must_be_view = "W" in name or name in biases
-        if name in ("W_K", "W_V", "b_K", "b_V") and model.cfg.n_kv_heads != model.cfg.n_heads:
-            must_be_view = False  # GQA: kv heads repeated, a copy (the `_` versions are the views)
         assert _is_view(model, t) == must_be_view, name
         if "b" in name and name not in biases:
             assert not t.any(), name  # no such bias in this family: zeros, as TransformerLens

@@ -3,8 +3,9 @@
 ``all_composition_scores`` and ``get_params`` (the weights under HookedTransformer's state-dict names).
 
 Everything is built from the weight properties of `compat.weights`, so it shows the model's own
-(unprocessed) weights: ``QK = W_Q @ W_Kᵀ`` and ``OV = W_V @ W_O`` per layer and head, with GQA's kv heads
-repeated to the query heads as ``W_K`` / ``W_V`` are. Composition scores follow the transformer-circuits
+(unprocessed) weights: ``QK = W_Q @ W_Kᵀ`` and ``OV = W_V @ W_O`` per layer and head, with a GQA model's
+``W_K`` / ``W_V`` (over its kv heads) repeated explicitly so query head ``h`` pairs with kv head
+``h // (n_heads // n_kv_heads)``. Composition scores follow the transformer-circuits
 definition, ``‖L @ R‖_F / (‖L‖_F ‖R‖_F)`` of an earlier head's ``OV`` (L) and a later head's QK, QKᵀ or
 OV (R), zero unless the first head's layer comes before the second's.
 """
@@ -76,6 +77,11 @@ def get_params(core: BridgeCore) -> dict[str, Tensor]:
     return out
 
 
+def _per_query_head(core: Any, kv: Float[Tensor, "layer kv_head ..."]) -> Float[Tensor, "layer head ..."]:
+    """A GQA model's ``[layer, kv_head, ...]`` weights repeated so head ``h`` holds kv head ``h // group``."""
+    return kv.repeat_interleave(core.cfg.n_heads // core.cfg.n_kv_heads, dim=1)
+
+
 class Circuits:
     """Mixin: ``QK``, ``OV``, their ``*_for_attn_layers`` forms, head labels, composition scores, ``get_params``."""
 
@@ -87,7 +93,7 @@ class Circuits:
             >>> model.QK.shape[:2] == (model.cfg.n_layers, model.cfg.n_heads)
             True
         """
-        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+        return FactoredMatrix(self.W_Q, _per_query_head(self, self.W_K).transpose(-2, -1))
 
     @property
     def OV(self) -> FactoredMatrix:
@@ -97,7 +103,7 @@ class Circuits:
             >>> model.OV.AB.shape[-2:] == (model.cfg.d_model, model.cfg.d_model)
             True
         """
-        return FactoredMatrix(self.W_V, self.W_O)
+        return FactoredMatrix(_per_query_head(self, self.W_V), self.W_O)
 
     def QK_for_attn_layers(self) -> tuple[list[int], FactoredMatrix]:
         """``(layer indices, QK)``: every layer here has attention, so the indices are all layers."""
@@ -125,7 +131,7 @@ class Circuits:
         left = self.OV
         rights = {"Q": lambda: self.QK, "K": lambda: self.QK.T, "V": lambda: left}
         if mode not in rights:
-            raise ValueError(f"`mode` must be one of ['Q', 'K', 'V'], got {mode!r}.")
+            raise ValueError(f"`mode`={mode!r}: mode must be one of 'Q', 'K', 'V'.")
         scores = composition_scores(left, rights[mode]())
         n = self.cfg.n_layers
         later = torch.arange(n)[:, None, None, None] < torch.arange(n)[None, None, :, None]

@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..checks import ArgumentTypeError, describe
+from ..checks import ArgumentIndexError, ArgumentTypeError, ArgumentValueError, describe
 
 
 def _linalg_dtype(x: Tensor) -> Tensor:
@@ -51,7 +51,8 @@ class FactoredMatrix:
             lead = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
         except RuntimeError as e:
             raise RuntimeError(
-                f"The leading dimensions of A {tuple(A.shape)} and B {tuple(B.shape)} do not broadcast."
+                f"The leading dimensions of A {tuple(A.shape)} and B {tuple(B.shape)} do not broadcast (shape "
+                "mismatch)."
             ) from e
         self.shape = torch.Size((*lead, self.ldim, self.rdim))
         if isinstance(A, Tensor) and isinstance(B, Tensor):
@@ -86,7 +87,9 @@ class FactoredMatrix:
     def BA(self) -> Float[Tensor, "... mdim mdim"]:
         """``B @ A`` (square, ``mdim``); needs ``ldim == rdim``."""
         if self.ldim != self.rdim:
-            raise ValueError(f"BA needs a square matrix (ldim == rdim), got ldim {self.ldim}, rdim {self.rdim}.")
+            raise ArgumentValueError(
+                f"BA needs a square matrix (ldim == rdim), got ldim {self.ldim}, rdim {self.rdim}."
+            )
         return self.B @ self.A
 
     @property
@@ -98,9 +101,11 @@ class FactoredMatrix:
         if isinstance(other, FactoredMatrix):
             return (self @ other.A) @ other.B
         if len(other.shape) < 2:  # a vector: the product is a vector
-            return (self.A @ (self.B @ other[..., None]))[..., 0]
+            return (self.A @ (self.B @ other.unsqueeze(-1))).squeeze(-1)
         if other.shape[-2] != self.rdim:
-            raise ValueError(f"Cannot multiply {self!r} by a matrix of shape {tuple(other.shape)}: rdim differs.")
+            raise ArgumentValueError(
+                f"Cannot multiply {self!r} by a matrix of shape {tuple(other.shape)}: rdim differs."
+            )
         # Keep the smaller inner dimension.
         return FactoredMatrix(self.A, self.B @ other) if self.rdim > self.mdim else FactoredMatrix(self.AB, other)
 
@@ -108,14 +113,18 @@ class FactoredMatrix:
         if isinstance(other, FactoredMatrix):
             return other.A @ (other.B @ self)
         if other.shape[-1] != self.ldim:
-            raise ValueError(f"Cannot multiply a matrix of shape {tuple(other.shape)} by {self!r}: ldim differs.")
+            raise ArgumentValueError(
+                f"Cannot multiply a matrix of shape {tuple(other.shape)} by {self!r}: ldim differs."
+            )
         if len(other.shape) < 2:
-            return ((other[..., None, :] @ self.A) @ self.B)[..., 0, :]
+            return ((other.unsqueeze(-2) @ self.A) @ self.B).squeeze(-2)
         return FactoredMatrix(other @ self.A, self.B) if self.ldim > self.mdim else FactoredMatrix(other, self.AB)
 
     def __mul__(self, scalar: float | Tensor) -> "FactoredMatrix":
         if isinstance(scalar, Tensor) and scalar.numel() != 1:
-            raise ValueError(f"`*` takes a scalar, got a tensor of shape {tuple(scalar.shape)}; use `@` for products.")
+            raise ArgumentValueError(
+                f"`*` takes a scalar, got a tensor of shape {tuple(scalar.shape)}; use `@` for products."
+            )
         return FactoredMatrix(self.A * scalar, self.B)
 
     __rmul__ = __mul__
@@ -192,6 +201,11 @@ class FactoredMatrix:
         if sum(item is Ellipsis for item in index) > 1:
             raise IndexError("An index can only have a single ellipsis.")
         used = sum(_axes(item) for item in index if item is not Ellipsis and item is not None)
+        if used > self.ndim:
+            raise ArgumentIndexError(
+                f"`index` {index!r} is too long an index: {used} indices for a FactoredMatrix of shape "
+                f"{tuple(self.shape)}."
+            )
         if any(item is Ellipsis for item in index):
             at = next(i for i, item in enumerate(index) if item is Ellipsis)
             index = index[:at] + (slice(None),) * (self.ndim - used) + index[at + 1 :]
@@ -235,6 +249,8 @@ def _axes(item: Any) -> int:
 
 def _keep_axis(item: Any) -> Any:
     """An int row / column index as a length-1 slice, so indexing keeps the matrix shape."""
+    if isinstance(item, np.integer):
+        item = int(item)
     if isinstance(item, int) and not isinstance(item, bool):
         return slice(item, item + 1 if item != -1 else None)
     if isinstance(item, Tensor) and item.dim() == 0 and not item.dtype.is_floating_point:

@@ -7,9 +7,10 @@ Two levels, as in TransformerLens:
   and existing biases, fused ones included: GPT-2's Conv1D ``c_attn``, GPT-NeoX's per-head
   ``query_key_value``, Phi-3's ``qkv_proj`` and ``gate_up_proj``), so editing one in place (under
   ``torch.no_grad()``: they are parameters) edits the model. Fresh tensors, not views: the zeros for a
-  bias the family does not have, and ``W_K`` / ``W_V`` / ``b_K`` / ``b_V`` of a GQA model, whose kv
-  heads are repeated to ``n_heads`` as TransformerLens does (``kv_heads=True`` gives the kv-head views,
-  TransformerLens' ``_W_K``).
+  bias the family does not have, and ``W_K`` / ``W_V`` / ``b_K`` / ``b_V`` of a GQA model asked for with
+  ``kv_heads=False``, whose kv heads are then repeated to ``n_heads``. By default a GQA model's ``W_K`` /
+  ``W_V`` / ``b_K`` / ``b_V`` are over its ``n_kv_heads`` key/value heads, as in TransformerLens 4
+  (``_W_K`` … are the same); query head ``h`` reads kv head ``h // (n_heads // n_kv_heads)``.
 * **Stacked** — the `WeightProperties` mixin of `TransformerBridge`: ``model.W_Q`` is
   ``[layer, head, d_model, d_head]``, a **copy** (``torch.stack``) that still carries gradients.
 
@@ -186,19 +187,19 @@ def W_Q(core: BridgeCore, layer: int) -> Float[Tensor, "head d_model d_head"]:  
 
 
 def W_K(  # noqa: N802
-    core: BridgeCore, layer: int, kv_heads: bool = False
-) -> Float[Tensor, "head d_model d_head"] | Float[Tensor, "kv_head d_model d_head"]:
-    """Key weights of ``layer``, kv heads repeated to ``n_heads`` (a copy for GQA models, else a view).
+    core: BridgeCore, layer: int, kv_heads: bool = True
+) -> Float[Tensor, "kv_head d_model d_head"] | Float[Tensor, "head d_model d_head"]:
+    """Key weights of ``layer`` over its kv heads, ``[kv_head, d_model, d_head]`` (a view), as TransformerLens 4.
 
-    ``kv_heads=True`` gives the ``[kv_head, d_model, d_head]`` view (TransformerLens' ``_W_K``).
+    ``kv_heads=False`` repeats a GQA model's kv heads to ``n_heads`` (a copy): row ``h`` is query head ``h``'s.
     """
     return _repeat_kv(core, _qkv(core, layer, "k")[0], kv_heads)
 
 
 def W_V(  # noqa: N802
-    core: BridgeCore, layer: int, kv_heads: bool = False
-) -> Float[Tensor, "head d_model d_head"] | Float[Tensor, "kv_head d_model d_head"]:
-    """Value weights of ``layer``, kv heads repeated to ``n_heads`` (see `W_K`; ``kv_heads=True``: ``_W_V``)."""
+    core: BridgeCore, layer: int, kv_heads: bool = True
+) -> Float[Tensor, "kv_head d_model d_head"] | Float[Tensor, "head d_model d_head"]:
+    """Value weights of ``layer`` over its kv heads (see `W_K`; ``kv_heads=False``: repeated to ``n_heads``)."""
     return _repeat_kv(core, _qkv(core, layer, "v")[0], kv_heads)
 
 
@@ -209,18 +210,20 @@ def b_Q(core: BridgeCore, layer: int) -> Float[Tensor, "head d_head"]:  # noqa: 
 
 
 def b_K(  # noqa: N802
-    core: BridgeCore, layer: int, kv_heads: bool = False
-) -> Float[Tensor, "head d_head"] | Float[Tensor, "kv_head d_head"]:
-    """Key bias of ``layer`` (repeated to ``n_heads`` like `W_K`; zeros when the family has none)."""
+    core: BridgeCore, layer: int, kv_heads: bool = True
+) -> Float[Tensor, "kv_head d_head"] | Float[Tensor, "head d_head"]:
+    """Key bias of ``layer`` over its kv heads like `W_K` (``kv_heads=False``: repeated; zeros if the family has
+    none)."""
     w, b = _qkv(core, layer, "k")
     b = _zeros(w, core.cfg.n_kv_heads, core.cfg.d_head) if b is None else b
     return _repeat_kv(core, b, kv_heads)
 
 
 def b_V(  # noqa: N802
-    core: BridgeCore, layer: int, kv_heads: bool = False
-) -> Float[Tensor, "head d_head"] | Float[Tensor, "kv_head d_head"]:
-    """Value bias of ``layer`` (repeated to ``n_heads`` like `W_V`; zeros when the family has none)."""
+    core: BridgeCore, layer: int, kv_heads: bool = True
+) -> Float[Tensor, "kv_head d_head"] | Float[Tensor, "head d_head"]:
+    """Value bias of ``layer`` over its kv heads like `W_V` (``kv_heads=False``: repeated; zeros if the family has
+    none)."""
     w, b = _qkv(core, layer, "v")
     b = _zeros(w, core.cfg.n_kv_heads, core.cfg.d_head) if b is None else b
     return _repeat_kv(core, b, kv_heads)
@@ -361,7 +364,8 @@ class WeightProperties:
 
     Every stacked property is a **copy** (``torch.stack``, gradients kept): edit the per-layer views in
     `transformer_bridge.compat.weights` (``W_Q(model, layer)`` …) to change the model. ``W_K`` / ``W_V`` /
-    ``b_K`` / ``b_V`` repeat a GQA model's kv heads to ``n_heads``; ``_W_K`` … keep ``kv_head``.
+    ``b_K`` / ``b_V`` of a GQA model are over its kv heads (TransformerLens 4; ``_W_K`` … are the same);
+    ``QK`` / ``OV`` repeat them to the query heads.
     ``W_U`` / ``b_U`` have the final norm folded in (TransformerLens' numbers); ``W_U_raw`` / ``b_U_raw``
     are the HF unembedding.
 
@@ -378,13 +382,13 @@ class WeightProperties:
         return _stack(self, ATTN_WEIGHTS["W_Q"])
 
     @property
-    def W_K(self) -> Float[Tensor, "layer head d_model d_head"]:  # noqa: N802
-        """Key weights, kv heads repeated to ``n_heads`` (a copy)."""
+    def W_K(self) -> Float[Tensor, "layer kv_head d_model d_head"]:  # noqa: N802
+        """Key weights over the kv heads (``n_heads`` of them without GQA; a copy)."""
         return _stack(self, ATTN_WEIGHTS["W_K"])
 
     @property
-    def W_V(self) -> Float[Tensor, "layer head d_model d_head"]:  # noqa: N802
-        """Value weights, kv heads repeated to ``n_heads`` (a copy)."""
+    def W_V(self) -> Float[Tensor, "layer kv_head d_model d_head"]:  # noqa: N802
+        """Value weights over the kv heads (a copy)."""
         return _stack(self, ATTN_WEIGHTS["W_V"])
 
     @property
@@ -408,13 +412,13 @@ class WeightProperties:
         return _stack(self, ATTN_WEIGHTS["b_Q"])
 
     @property
-    def b_K(self) -> Float[Tensor, "layer head d_head"]:  # noqa: N802
-        """Key biases, kv heads repeated (a copy)."""
+    def b_K(self) -> Float[Tensor, "layer kv_head d_head"]:  # noqa: N802
+        """Key biases over the kv heads (a copy)."""
         return _stack(self, ATTN_WEIGHTS["b_K"])
 
     @property
-    def b_V(self) -> Float[Tensor, "layer head d_head"]:  # noqa: N802
-        """Value biases, kv heads repeated (a copy)."""
+    def b_V(self) -> Float[Tensor, "layer kv_head d_head"]:  # noqa: N802
+        """Value biases over the kv heads (a copy)."""
         return _stack(self, ATTN_WEIGHTS["b_V"])
 
     @property
