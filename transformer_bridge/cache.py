@@ -16,6 +16,7 @@ from . import cache_tl
 from .checks import ArgumentValueError, check_device
 from .names import HookNames, NotCachedError, get_act_name, tl4_spelling
 from .utils import Slice
+from .utils import get_act_name as tl_act_name
 
 
 class CacheModel(Protocol):
@@ -123,6 +124,9 @@ class ActivationCache(Mapping[str, Tensor]):
     def _key(self, key: Any) -> str:
         if isinstance(key, str) and (key in self._tensors or tl4_spelling(key) in self._tensors):
             return key if key in self._tensors else tl4_spelling(key)
+        compact = _tl_compact_name(key)  # TransformerLens' compact strings: "scale5ln1", "k6"
+        if compact is not None and compact in self._tensors:
+            return compact
         valid = list(self.model.hook_dict) if self.model is not None else list(self._tensors)
         n_layers = self.model.cfg.n_layers if self.model is not None else _layers_in(self._tensors)
         name = HookNames(valid, n_layers).key(key, "key")
@@ -188,16 +192,26 @@ class ActivationCache(Mapping[str, Tensor]):
         return cache_tl.apply_slice_to_batch_dim(self, batch_slice)
 
     def remove_batch_dim(self) -> "ActivationCache":
-        """Drop the batch dimension of a batch-1 cache."""
+        """Drop the batch dimension of a batch-1 cache, in place as TransformerLens does; returns the cache.
+
+        Example:
+            >>> _, cache = model.run_with_cache("Hi")
+            >>> cache.remove_batch_dim()["resid_post", 0].shape   # [pos, d_model]; cache.has_batch_dim is False
+        """
         if not self.has_batch_dim:
             return self
         for name, t in self._tensors.items():
             if t.shape[0] != 1:
-                raise ArgumentValueError(f"remove_batch_dim needs batch 1, but {name!r} has batch {t.shape[0]}.")
+                raise ArgumentValueError(
+                    f"remove_batch_dim needs batch size 1, but {name!r} has batch size {t.shape[0]}."
+                )
         squeezed: dict[int, Tensor] = {}
         out = {k: squeezed.setdefault(id(t), t[0]) for k, t in self._tensors.items()}
-        mask = None if self.attention_mask is None else self.attention_mask[0]
-        return self._derive(out, attention_mask=mask, has_batch_dim=False)
+        self._tensors.clear()
+        self._tensors.update(out)
+        self.attention_mask = None if self.attention_mask is None else self.attention_mask[0]
+        self.has_batch_dim = False
+        return self
 
     # -- analysis -----------------------------------------------------------------------------
     def _need_model(self) -> CacheModel:
@@ -545,3 +559,13 @@ def _read_meta(meta: dict[str, str], key: str, default: str, path: Path) -> Any:
 
 def _layers_in(names: Iterable[str]) -> int:
     return 1 + max((int(n.split(".")[1]) for n in names if n.startswith("blocks.")), default=-1)
+
+
+def _tl_compact_name(key: Any) -> str | None:
+    """The hook name of one of TransformerLens' compact strings (``"scale5ln1"``), None if ``key`` is not one."""
+    if not isinstance(key, str) or "." in key or key.startswith("hook_"):
+        return None
+    try:
+        return tl_act_name(key)
+    except (ValueError, TypeError, KeyError):
+        return None

@@ -157,7 +157,7 @@ def test_start_at_layer_out_of_range_is_index_and_value_error(model):
 
 def test_remove_batch_dim_of_a_batch_is_also_an_assertion_error(model):
     _, cache = model.run_with_cache(TOKENS)
-    with pytest.raises(AssertionError, match="batch 1"):
+    with pytest.raises(AssertionError, match="batch size 1"):
         cache.remove_batch_dim()
 
 
@@ -179,3 +179,43 @@ def test_gqa_kv_weights_are_over_kv_heads_and_circuits_pair_query_heads():
         torch.testing.assert_close(repeated[h], W_V(model, 1)[h // group])
         torch.testing.assert_close(model.QK.AB[1, h], model.W_Q[1, h] @ W_K(model, 1)[h // group].T)
         torch.testing.assert_close(model.OV.AB[1, h], model.W_V[1, h // group] @ model.W_O[1, h])
+
+
+# -- component hooks ------------------------------------------------------------------------------------------
+def test_component_add_hook_is_the_output_point(model):
+    def halve(x, hook):
+        return x * 0.5
+
+    with torch.no_grad():
+        plain = model(TOKENS)
+        expected = model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.0.hook_attn_out", halve)])
+        model.blocks[0].attn.add_hook(halve)
+        try:
+            got = model(TOKENS)
+        finally:
+            model.blocks[0].attn.remove_hooks()
+        after = model(TOKENS)
+    assert torch.equal(got, expected) and not torch.allclose(got, plain)
+    assert torch.equal(after, plain)  # remove_hooks took it off
+    with pytest.raises(AttributeError, match="no output hook point"):
+        model.blocks[0].ln1.add_hook(halve)
+
+
+def test_remove_batch_dim_is_in_place(model):
+    _, cache = model.run_with_cache(TOKENS[:1])
+    before = {k: v.clone() for k, v in cache.cache_dict.items()}
+    assert cache.remove_batch_dim() is cache and not cache.has_batch_dim
+    assert all(torch.equal(cache.cache_dict[k], v[0]) for k, v in before.items())
+    assert cache["resid_post", 0].shape == (TOKENS.shape[1], model.cfg.d_model)
+
+
+def test_compact_names_and_set_use_attn_result(model):
+    model.set_use_attn_result(True)
+    _, cache = model.run_with_cache(TOKENS)
+    assert cache["scale1ln1"] is cache["blocks.1.ln1.hook_scale"]
+    assert cache["k0"] is cache["blocks.0.attn.hook_k"]
+    # hook_result is the per-head output projection of hook_z, bias excluded
+    expected = _reference(cache["z", 1], model.blocks[1].attn.W_O.detach())
+    torch.testing.assert_close(cache["result", 1].double(), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(TypeError, match="use_attn_result"):
+        model.set_use_attn_result("yes")

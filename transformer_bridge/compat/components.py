@@ -76,6 +76,35 @@ class ComponentView:
             raise TypeError(f"{self._prefix.rstrip('.') or 'model'} has no single HF module to call.")
         return self.module(*args, **kwargs)
 
+    def _io_point(self, which: str) -> HookPoint | None:
+        return self._core.hook_dict.get(tl4_spelling(self._prefix + which))
+
+    def add_hook(
+        self, hook: Callable, dir: str = "fwd", is_permanent: bool = False, level: int | None = None,
+        prepend: bool = False,
+    ) -> Any:  # fmt: skip
+        """TransformerLens 4's component hook: ``hook`` on this component's output point (``hook_out``, e.g.
+        ``blocks.0.hook_attn_out`` for ``model.blocks[0].attn``). Returns the point's handle.
+
+        Example:
+            >>> model.blocks[0].attn.add_hook(lambda out, hook: out * 0.5)   # halves block 0's attention output
+            >>> model.blocks[0].attn.remove_hooks()
+        """
+        point = self._io_point("hook_out")
+        if point is None:
+            raise AttributeError(
+                f"{self._prefix.rstrip('.') or 'model'} has no output hook point; add hooks to one of its points "
+                f"{self.hook_names()}."
+            )
+        return point.add_hook(hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)  # type: ignore[arg-type]
+
+    def remove_hooks(self, dir: str = "fwd", including_permanent: bool = False, level: int | None = None) -> None:
+        """Remove the hooks on this component's input and output points (``hook_in`` / ``hook_out``)."""
+        for which in ("hook_in", "hook_out"):
+            point = self._io_point(which)
+            if point is not None:
+                point.remove_hooks(dir, including_permanent=including_permanent, level=level)  # type: ignore[arg-type]
+
     def hook_names(self) -> list[str]:
         """The hook points directly on this component (relative names)."""
         return [n[len(self._prefix) :] for n in self._core.hook_dict if n.startswith(self._prefix)

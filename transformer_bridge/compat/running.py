@@ -34,6 +34,18 @@ class RunCompat:
         """
         return self.hf_model
 
+    def set_use_attn_result(self: BridgeCore, use_attn_result: bool) -> None:
+        """TransformerLens' switch for ``blocks.L.attn.hook_result``. Here the point is computed whenever it is
+        hooked or cached (from ``hook_z`` and the output projection), so either value leaves the model as it is:
+        ``True`` is what the bridge always does, and with ``False`` an unhooked, uncached point costs nothing.
+
+        Example:
+            >>> model.set_use_attn_result(True)
+            >>> _, cache = model.run_with_cache("Hi")
+            >>> cache["result", 0].shape   # [batch, pos, head, d_model]
+        """
+        check_bool("use_attn_result", use_attn_result)
+
     def run_with_cache(
         self,
         input: Any,
