@@ -28,6 +28,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 from transformers import StaticCache
+from transformers.cache_utils import StaticLayer
 
 from ..core import BridgeCore
 from ..hook_points import HookContext
@@ -38,6 +39,9 @@ from .stopping import MAX_TIME
 
 BUCKET = 64  # cache lengths are rounded up to a multiple of this
 SYNC_EVERY = 8  # decode steps between two looks of the host at the finished rows
+# One compiled step serves every model of the process: each (model, bucket, set of hooks) is one of its
+# graphs. Dynamo's default limit (8) would silently send the ninth back to eager code.
+RECOMPILE_LIMIT = 256
 
 # Per model (by id, checked through a weak reference): its compiled step and its static caches by
 # (batch, length).
@@ -82,6 +86,10 @@ def _cache(model: BridgeCore, batch: int, length: int) -> StaticCache:
     cache = caches.get((batch, length))
     if cache is None:
         cache = StaticCache(config=model.hf_model.config, max_cache_len=length)
+        # Sliding-window layers as full ones (the mask applies the window): HF's sliding static layer keeps
+        # its length as a Python int, which a compiled step would be re-traced for at every step.
+        cache.layers = [StaticLayer(max_cache_len=length) if getattr(layer, "is_sliding", False) else layer
+                        for layer in cache.layers]  # fmt: skip
         caches[(batch, length)] = cache
     else:
         cache.reset()
@@ -105,11 +113,12 @@ def generate(
     device = tokens.device
     total = width + p.max_new_tokens
     length = bucket_length(total)
-    seq = tokens.new_full((batch, total), p.pad_token_id)
+    # Buffers of the bucket's length, so that the step's inputs (slices of them) have the bucket's strides.
+    seq = tokens.new_full((batch, length), p.pad_token_id)
     seq[:, :width] = tokens
     full_mask = mask.new_zeros((batch, length))
     full_mask[:, :width] = mask
-    positions = mask.new_zeros((batch, total))
+    positions = mask.new_zeros((batch, length))
     positions[:, :width] = (mask.cumsum(-1) - 1).clamp_min(0)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     reason = torch.zeros(batch, dtype=torch.long, device=device)
@@ -154,8 +163,9 @@ def generate(
             ctx = HookContext("decode", i + 1, positions[:, cur : cur + 1], ~real, real, "sampled")
             where = torch.tensor([cur], device=device)
             start = time.perf_counter()
-            logits = step_fn(model, seq[:, cur : cur + 1], positions[:, cur : cur + 1],
-                             full_mask if padded else None, cache, where, ctx)  # fmt: skip
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                logits = step_fn(model, seq[:, cur : cur + 1], positions[:, cur : cur + 1],
+                                 full_mask if padded else None, cache, where, ctx)  # fmt: skip
             if compile and i == 0 and (batch, length) not in COMPILE_SECONDS:
                 COMPILE_SECONDS[(batch, length)] = time.perf_counter() - start
     if p.streamer is not None:

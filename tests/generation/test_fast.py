@@ -1,0 +1,130 @@
+"""The static-cache loop and the compiled decode step against the plain (dynamic-cache, eager) loop."""
+
+import pytest
+import torch
+from conftest import FAMILIES, make_bridge
+
+from transformer_bridge.generation import fast
+
+PROMPTS = ["Hello world, this is", "Hi", "The cat sat"]
+COMPILED_FAMILIES = ["llama", "gpt2", "gemma2"]  # each compile takes seconds on a CPU: a few, unlike families
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    return make_bridge(request.param)
+
+
+def batch(model, prompts=PROMPTS):
+    return model.to_tokens_and_mask(prompts, padding_side="left")
+
+
+def assert_same(a, b) -> None:
+    assert torch.equal(a.sequences, b.sequences)
+    assert torch.equal(a.attention_mask, b.attention_mask)
+    assert a.finish_reasons == b.finish_reasons
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-4, rtol=0)
+
+
+# -- static cache, eager --------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:GPTNeoForCausalLM does not support a static KV cache")
+def test_static_cache_equals_the_plain_loop(model):
+    tokens, mask = batch(model)
+    for t, m in [(tokens[:1], mask[:1]), (tokens, mask)]:
+        plain = model.generate(t, attention_mask=m, max_new_tokens=14, return_dict=True)
+        static = model.generate(t, attention_mask=m, max_new_tokens=14, return_dict=True, cache_implementation="static")
+        assert_same(static, plain)
+
+
+@pytest.mark.filterwarnings("ignore:GPTNeoForCausalLM does not support a static KV cache")
+def test_rows_stopping_between_two_looks_of_the_host(model):
+    """The host looks every 8 steps: steps run after the last row stopped must leave no trace."""
+    tokens, mask = batch(model)
+    free = model.generate(tokens, attention_mask=mask, max_new_tokens=20, stop_at_eos=False, return_dict=True)
+    for stop_at in (2, 5):
+        eos = [free.new_tokens[i, stop_at].item() for i in range(3)]  # every row stops by then
+        kw = dict(attention_mask=mask, max_new_tokens=20, eos_token_id=eos, return_dict=True, top_logprobs=2)
+        plain = model.generate(tokens, **kw)
+        static = model.generate(tokens, **kw, cache_implementation="static")
+        assert_same(static, plain)
+        assert static.top_logprobs.shape == plain.top_logprobs.shape
+        assert static.sequences.shape[1] < tokens.shape[1] + 20
+
+
+def test_gpt_neo_warns_and_runs_the_dynamic_loop():
+    model = make_bridge("gpt_neo")
+    tokens, mask = batch(model)
+    fast._WARNED.discard("GPTNeoForCausalLM")
+    with pytest.warns(UserWarning, match="static KV cache"):
+        out = model.generate(tokens, attention_mask=mask, max_new_tokens=6, compile=True)
+    assert torch.equal(out, model.generate(tokens, attention_mask=mask, max_new_tokens=6))
+
+
+def test_bucket_and_bad_arguments():
+    assert [fast.bucket_length(n) for n in (1, 64, 65, 200)] == [64, 64, 128, 256]
+    model = make_bridge("llama")
+    tokens = model.to_tokens("abc")
+    with pytest.raises(TypeError, match="compile"):
+        model.generate(tokens, max_new_tokens=3, compile="yes")
+    with pytest.raises(ValueError, match="cache_implementation"):
+        model.generate(tokens, max_new_tokens=3, cache_implementation="offloaded")
+    with pytest.raises(ValueError, match="num_beams"):
+        model.generate(tokens, max_new_tokens=3, compile=True, num_beams=2)
+    with pytest.raises(ValueError, match="speculative"):
+        model.generate(tokens, max_new_tokens=3, cache_implementation="static", prompt_lookup_num_tokens=2)
+    with pytest.raises(TypeError, match="generate"):
+        model.generate_stream(tokens, max_new_tokens=3, compile=True)
+
+
+# -- compiled step ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", COMPILED_FAMILIES)
+def test_compiled_equals_the_eager_loop(family):
+    model = make_bridge(family)
+    tokens, mask = batch(model)
+    kw = dict(attention_mask=mask, max_new_tokens=12, return_dict=True, output_logits=True)
+    plain = model.generate(tokens, **kw)
+    compiled = model.generate(tokens, **kw, compile=True)
+    assert torch.equal(compiled.sequences, plain.sequences)
+    torch.testing.assert_close(compiled.logits, plain.logits, atol=1e-4, rtol=0)
+    assert (3, 64) in fast.COMPILE_SECONDS
+
+
+def test_compiled_with_steering_python_hooks_and_return_cache():
+    model = make_bridge("llama", seed=4)
+    tokens, mask = batch(model)
+    point = "blocks.1.hook_resid_post"
+    v = 2 * torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(0))
+    kw = dict(attention_mask=mask, max_new_tokens=10)
+
+    def late(x, hook):  # reads hook.ctx inside the compiled step
+        return x + v * (hook.ctx.positions >= 6)[..., None]
+
+    with model.hooks(fwd_hooks=[(point, lambda x, hook: x + v)]):
+        plus = model.generate(tokens, **kw)
+    with model.hooks(fwd_hooks=[(point, lambda x, hook: x - v)]):
+        minus = model.generate(tokens, **kw)
+    with model.hooks(fwd_hooks=[(point, late)]):
+        later = model.generate(tokens, **kw)
+    assert not torch.equal(plus, minus)
+    with model.steer(point, add=v) as s:
+        assert torch.equal(model.generate(tokens, **kw, compile=True), plus)
+        s.update(add=-v)  # new values, same traced step
+        assert torch.equal(model.generate(tokens, **kw, compile=True), minus)
+    with model.hooks(fwd_hooks=[(point, late)]):
+        out, cache = model.generate(tokens, **kw, compile=True, return_dict=True, return_cache=True,
+                                    names_filter=[point])  # fmt: skip
+        _, expected = model.run_with_cache(out.sequences, attention_mask=out.attention_mask, names_filter=[point])
+    assert torch.equal(out.sequences, later)
+    assert torch.equal(cache[point], expected[point])  # the recompute stays eager: bitwise
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_smollm2_compiled_equals_eager(smollm2):
+    tokens, mask = smollm2.to_tokens_and_mask(["The capital of France is", "def fibonacci(n):"], padding_side="left")
+    kw = dict(attention_mask=mask, max_new_tokens=24, min_new_tokens=24, return_dict=True, output_logits=True)
+    plain = smollm2.generate(tokens, **kw)
+    for options in ({"cache_implementation": "static"}, {"compile": True}):
+        out = smollm2.generate(tokens, **kw, **options)
+        assert torch.equal(out.sequences, plain.sequences)
+        torch.testing.assert_close(out.logits, plain.logits, atol=1e-4, rtol=0)
