@@ -14,7 +14,7 @@ from typing import Any, Literal
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, DynamicCache, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from . import attention
@@ -500,7 +500,7 @@ class BridgeCore(nn.Module, HookRegistry):
     def forward(
         self,
         input: Input | None = None,
-        return_type: Literal["logits", "loss", "both"] | None = "logits",
+        return_type: Literal["logits", "loss", "both", "logits_and_cache"] | None = "logits",
         loss_per_token: bool = False,
         prepend_bos: bool | None = None,
         padding_side: PaddingSide | None = None,
@@ -514,6 +514,7 @@ class BridgeCore(nn.Module, HookRegistry):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         position_ids: Int[Tensor, "batch pos"] | None = None,
+        past_key_values: Cache | None = None,
     ) -> Any:
         """Logits ``[batch, pos, d_vocab]``, TransformerLens' ``forward`` with HF's keywords too.
 
@@ -528,15 +529,28 @@ class BridgeCore(nn.Module, HookRegistry):
         ``n_layers``: before the final norm). ``output_hidden_states`` / ``output_attentions`` return
         HF's output object (``.logits``, ``.hidden_states``, ``.attentions``, the latter read from
         ``hook_pattern``). ``position_ids`` ``[batch, pos]`` (the tokens' shape) replace the positions
-        derived from the mask, as in HF; ``hook.ctx.positions`` shows them.
+        derived from the mask, as in HF; ``hook.ctx.positions`` shows them. ``return_type="logits_and_cache"``
+        returns ``(logits, kv_cache)``, an HF ``DynamicCache``; giving it back as ``past_key_values=`` with the
+        next token ids and an ``attention_mask`` over past and new tokens runs one cached step (the cache grows
+        in place, as HF's does), positions counted from the mask: the logits of the whole sequence's last rows.
 
         Example:
             >>> logits = model("The capital of France is")
             >>> resid = model("The capital of France is", stop_at_layer=3)     # [1, pos, d_model]
             >>> logits = model(resid, start_at_layer=3)
         """
+        if return_type == "logits_and_cache" or past_key_values is not None:
+            if stop_at_layer is not None or start_at_layer is not None or output_hidden_states or output_attentions:
+                raise ValueError(
+                    "A KV-cached forward (`past_key_values` / return_type='logits_and_cache') runs the whole model: "
+                    "it takes no `stop_at_layer`, `start_at_layer`, `output_hidden_states` or `output_attentions`."
+                )
+            return self._kv_forward(input_ids if input is None else input, attention_mask, prepend_bos,
+                                    past_key_values, return_type)  # fmt: skip
         if return_type not in ("logits", "loss", "both", None):
-            raise ValueError(f"`return_type` must be 'logits', 'loss', 'both' or None, got {return_type!r}.")
+            raise ValueError(
+                f"`return_type` must be 'logits', 'loss', 'both', 'logits_and_cache' or None, got {return_type!r}."
+            )
         if input_ids is not None:
             if input is not None:
                 raise ValueError("Give the tokens once: `input` or `input_ids`, not both.")
@@ -592,6 +606,49 @@ class BridgeCore(nn.Module, HookRegistry):
             return logits
         loss = next_token_losses(logits, tokens, mask) if loss_per_token else next_token_loss(logits, tokens, mask)
         return loss if return_type == "loss" else (logits, loss)
+
+    def _kv_forward(
+        self, input: Input, attention_mask: Tensor | None, prepend_bos: bool | None, past: Cache | None,
+        return_type: str | None,
+    ) -> Any:  # fmt: skip
+        """`forward` with HF's KV cache: a prefill (``past`` None) or a step on ``past``; see `forward`."""
+        if return_type not in ("logits", "logits_and_cache"):
+            raise ValueError(
+                f"A KV-cached forward returns 'logits' or 'logits_and_cache', got `return_type`={return_type!r}."
+            )
+        if self.adapter.ssm is not None:
+            raise ValueError("`past_key_values` / 'logits_and_cache' is for attention models; use generate() here.")
+        if past is not None and not isinstance(past, Cache):
+            raise TypeError(
+                f"`past_key_values` must be the HF cache a 'logits_and_cache' forward returned, got {describe(past)}."
+            )
+        n_past = 0 if past is None else past.get_seq_length()
+        if n_past == 0:
+            tokens, mask = self.prepare_input(input, attention_mask, prepend_bos)
+            past = DynamicCache(config=self.hf_model.config) if past is None else past
+        else:
+            if not isinstance(input, Tensor) or input.dim() != 2 or input.is_floating_point():
+                raise TypeError(f"A cached step takes the new token ids [batch, new], got {describe(input)}.")
+            tokens = input.to(input_device(self.hf_model))
+            expected = (tokens.shape[0], n_past + tokens.shape[1])
+            mask = (
+                torch.ones(expected, dtype=torch.long, device=tokens.device)
+                if attention_mask is None
+                else attention_mask
+            )
+            if tuple(mask.shape) != expected:
+                raise ValueError(
+                    f"`attention_mask` of a cached step covers the {n_past} cached and {tokens.shape[1]} new "
+                    f"positions: shape {expected}, got {tuple(mask.shape)}."
+                )
+            mask = check_attention_mask(mask.to(tokens.device), torch.Size(expected))
+        full = HookContext.from_mask(mask, phase="prefill" if n_past == 0 else "decode")
+        new = slice(n_past, None)
+        ctx = HookContext(full.phase, 0, full.positions[:, new], full.pad_mask[:, new], full.is_generated[:, new])
+        padded = not bool(mask.all())
+        out = self.run_model(tokens, mask if padded else None, ctx, past_key_values=past,
+                             position_ids=ctx.positions if padded else None)  # fmt: skip
+        return (out.logits, past) if return_type == "logits_and_cache" else out.logits
 
     def input_to_embed(
         self,

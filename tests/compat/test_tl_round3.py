@@ -219,3 +219,34 @@ def test_compact_names_and_set_use_attn_result(model):
     torch.testing.assert_close(cache["result", 1].double(), expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(TypeError, match="use_attn_result"):
         model.set_use_attn_result("yes")
+
+
+# -- KV-cached forward ----------------------------------------------------------------------------------------
+def test_logits_and_cache_then_cached_steps_match_hf_without_cache(model):
+    prompt = torch.tensor([[5, 17, 42, 98, 3]])
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], dim=1)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(prompt)], dim=1)
+    positions_seen = []
+    with torch.no_grad():
+        logits, kv = model(padded, attention_mask=mask, return_type="logits_and_cache")
+        torch.testing.assert_close(logits[:, 3:], model.hf_model(input_ids=prompt).logits, rtol=1e-4, atol=1e-4)
+        sequence = prompt
+        for _ in range(3):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            sequence, mask = torch.cat([sequence, nxt], 1), torch.cat([mask, torch.ones(1, 1, dtype=torch.long)], 1)
+            with model.hooks(fwd_hooks=[("hook_embed", lambda x, hook: positions_seen.append(hook.ctx.positions))]):
+                logits = model(nxt, attention_mask=mask, past_key_values=kv)
+            # Oracle: HF on the unpadded sequence, no cache at all.
+            expected = model.hf_model(input_ids=sequence).logits[:, -1:]
+            torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    assert [p.item() for p in positions_seen] == [5, 6, 7]  # counted from the first real token
+    assert kv.get_seq_length() == padded.shape[1] + 3
+
+
+def test_cached_step_checks_its_mask(model):
+    with torch.no_grad():
+        _, kv = model(TOKENS, return_type="logits_and_cache")
+        with pytest.raises(ValueError, match="attention_mask"):
+            model(TOKENS[:, :1], attention_mask=torch.ones(2, 3, dtype=torch.long), past_key_values=kv)
+        with pytest.raises(ValueError, match="stop_at_layer"):
+            model(TOKENS, return_type="logits_and_cache", stop_at_layer=1)
