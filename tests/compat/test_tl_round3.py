@@ -250,3 +250,16 @@ def test_cached_step_checks_its_mask(model):
             model(TOKENS[:, :1], attention_mask=torch.ones(2, 3, dtype=torch.long), past_key_values=kv)
         with pytest.raises(ValueError, match="stop_at_layer"):
             model(TOKENS, return_type="logits_and_cache", stop_at_layer=1)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox", "gemma2"])
+def test_ln2_hook_in_is_what_the_mlp_norm_reads(family):
+    model = perturb_(make_bridge(family))
+    norm = model.blocks[1].ln2.module
+    seen = {}
+    handle = norm.register_forward_pre_hook(lambda mod, args: seen.setdefault("x", args[0].detach().clone()))
+    try:
+        _, cache = model.run_with_cache(TOKENS, names_filter=model.blocks[1].ln2.hook_in.name)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(cache[model.blocks[1].ln2.hook_in.name], seen["x"])

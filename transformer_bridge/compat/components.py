@@ -56,6 +56,11 @@ class ComponentView:
         point = self._core.hook_dict.get(tl4_spelling(self._prefix + name))
         if point is not None:
             return point
+        if name == "hook_in" and self._prefix.endswith(".ln2."):  # what the MLP's norm reads (TL 4's ln2.hook_in)
+            which = "hook_resid_pre" if self._core.cfg.parallel_attn_mlp else "hook_resid_mid"
+            point = self._core.hook_dict.get(self._prefix[: -len("ln2.")] + which)
+            if point is not None:
+                return point
         if name in self._children:
             return self._children[name]
         if name in self._weights:
