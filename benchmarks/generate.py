@@ -7,6 +7,7 @@ variant generates exactly ``--new`` tokens per row (``min_new_tokens`` for HF an
 so EOS never ends a run early), and the script checks that the bridge's tokens equal HF's.
 
     python benchmarks/generate.py [--rounds 5] [--new 64] [--threads N] [--flush-denormal]
+    python benchmarks/generate.py --fast [--rounds 3]   # the fast-path table (see `bench_fast`)
 
 On CPU, SmolLM2's unsteered activations produce denormal floats, which x86 computes slowly; a
 steering hook that moves the activations can make a run *faster* for that reason alone.
@@ -26,8 +27,10 @@ import sys
 import time
 
 import torch
+from transformers import CompileConfig
 
 from transformer_bridge import TransformerBridge
+from transformer_bridge.generation import fast
 from transformer_bridge.generation.decode import recompute_cache
 from transformer_bridge.real_model import smollm2_path
 
@@ -36,6 +39,22 @@ PROMPTS = [
     "Once upon a time, in a small village by the sea, there lived",
     "def fibonacci(n):",
     "The three most important inventions of the twentieth century are",
+    "My favourite recipe for a quick dinner is",
+    "The main difference between a virus and a bacterium is",
+    "import numpy as np\n\ndef normalize(x):",
+    "In the year 2050, cities will",
+]
+# Extraction: the answer copies the input, so drafts from the prompt (prompt lookup) are mostly right.
+PASSAGES = [
+    "The committee met on Tuesday to review the budget for the coming year. After a long discussion, the members "
+    "agreed to increase funding for the public library, to repair the old bridge over the river, and to hire two "
+    "new teachers for the primary school.",
+    "Our new phone has a six-inch screen, two cameras on the back and one on the front, a battery that lasts two "
+    "days, and it comes in three colours: black, silver and a deep green that the designers call forest.",
+    "To make the bread, mix the flour, the water, the salt and the yeast in a large bowl, knead the dough for ten "
+    "minutes, let it rise for two hours in a warm place, then bake it for forty minutes in a hot oven.",
+    "The train to the coast leaves the central station every hour from six in the morning until ten at night, "
+    "stops at four towns on the way, and takes about two and a half hours to reach the harbour.",
 ]
 
 
@@ -46,6 +65,7 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=64, help="new tokens per row")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--flush-denormal", action="store_true", help="flush denormal floats to zero")
+    parser.add_argument("--fast", action="store_true", help="the static-cache / compiled / speculative table")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -56,6 +76,9 @@ def main() -> None:
         f"SmolLM2-135M-Instruct fp32, CPU, {torch.get_num_threads()} threads, greedy, {args.new} new tokens, "
         f"median of {args.rounds} rounds, flush_denormal={args.flush_denormal}, torch {torch.__version__}"
     )
+    if args.fast:
+        bench_fast(model, args.new, args.rounds)
+        return
     for batch in (1, 4):
         bench(model, PROMPTS[:batch], args.new, args.rounds)
 
@@ -107,6 +130,105 @@ def bench(model: TransformerBridge, prompts: list[str], n: int, rounds: int) -> 
     print(f"return_cache = generate + one recompute forward: recompute {med['recompute']:.3f} s (best "
           f"{best['recompute']:.3f}); run_with_cache on the same tokens {med['run_with_cache']:.3f} s (best "
           f"{best['run_with_cache']:.3f})")  # fmt: skip
+
+
+def bandwidth() -> float:
+    """Read bandwidth in bytes/s: the best of 5 sums over a 1 GiB fp32 tensor (torch's threads)."""
+    x = torch.ones(2**28)
+    x.sum()
+    best = min(_timed(x.sum) for _ in range(5))
+    return x.numel() * x.element_size() / best
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleaved(variants: dict, rounds: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(rounds):
+        order = list(variants.items())
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            times[name].append(_timed(fn))
+    return times
+
+
+def bench_fast(model: TransformerBridge, n: int, rounds: int) -> None:
+    """HF default / HF static + compile / bridge eager / bridge compiled (no hooks, one `steer`, one Python
+    hook), batch 1 and 8, then prompt lookup on an extraction task; % of the decode roofline (weight bytes
+    read once per step at the measured bandwidth)."""
+    weights = sum(p.numel() * p.element_size() for p in model.hf_model.parameters())
+    bw = bandwidth()
+    print(f"weights {weights / 1e9:.3f} GB, read bandwidth {bw / 1e9:.1f} GB/s: decode roofline "
+          f"{bw / weights:.1f} tokens/s per row")  # fmt: skip
+    for batch in (1, 8):
+        _fast_table(model, batch, n, rounds, bw / weights)
+    print(f"bridge compile seconds per (batch, cache bucket), first call: {fast.COMPILE_SECONDS}")
+    for batch in (1, 8):
+        _lookup_row(model, batch, n, rounds)
+
+
+def _fast_table(model: TransformerBridge, batch: int, n: int, rounds: int, roofline: float) -> None:
+    tokens, mask = model.to_tokens_and_mask(PROMPTS[:batch], padding_side="left")
+    common = dict(attention_mask=mask, max_new_tokens=n, min_new_tokens=n)
+    direction = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(0))
+    point = "blocks.15.hook_resid_post"
+    compile_config = CompileConfig()
+    compile_config._compile_all_devices = True  # HF compiles on CUDA only unless told
+    hf_static = dict(cache_implementation="static", compile_config=compile_config)
+
+    def hooked(compile: bool):
+        with model.hooks(fwd_hooks=[(point, lambda resid, hook: resid + 4.0 * direction)]):
+            return model.generate(tokens, **common, compile=compile)
+
+    def steered(compile: bool):
+        with model.steer(point, add=4.0 * direction):
+            return model.generate(tokens, **common, compile=compile)
+
+    variants = {
+        "HF default": lambda: model.hf_model.generate(tokens, **common, do_sample=False),
+        "HF static+compile": lambda: model.hf_model.generate(tokens, **common, do_sample=False, **hf_static),
+        "bridge eager": lambda: model.generate(tokens, **common),
+        "bridge compiled": lambda: model.generate(tokens, **common, compile=True),
+        "compiled + steer()": lambda: steered(True),
+        "compiled + Python hook": lambda: hooked(True),
+    }
+    reference, steer_ref = model.generate(tokens, **common), steered(False)
+    first: dict[str, float] = {}
+    for name, fn in variants.items():  # warm-up (compiles), and the exactness checks
+        start = time.perf_counter()
+        out = fn()
+        first[name] = time.perf_counter() - start
+        same = torch.equal(out, steer_ref if "+" in name else reference)
+        verdict = "equal to" if same else "DIFFER from"
+        print(f"  warm-up {name}: {first[name]:.1f} s, tokens {verdict} the eager bridge's")
+    times = interleaved(variants, rounds)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(f"\nbatch {batch}, {n} new tokens, median of {rounds} rounds")
+    print(f"{'variant':<24}{'tokens/s':>9}{'vs HF':>8}{'vs HF static':>13}{'roofline':>10}{'compile s':>11}")
+    for name in variants:
+        rate = batch * n / med[name]
+        compile_s = first[name] - med[name] if "compile" in name else 0.0
+        print(f"{name:<24}{rate:>9.1f}{med['HF default'] / med[name]:>7.2f}x"
+              f"{med['HF static+compile'] / med[name]:>12.2f}x{100 * rate / (batch * roofline):>9.0f}%"
+              f"{compile_s:>11.0f}")  # fmt: skip
+
+
+def _lookup_row(model: TransformerBridge, batch: int, n: int, rounds: int) -> None:
+    texts = [f"Copy the text exactly.\nText: {p}\nCopy: {p.split()[0]}" for p in (PASSAGES * 2)[:batch]]
+    tokens, mask = model.to_tokens_and_mask(texts, padding_side="left")
+    common = dict(attention_mask=mask, max_new_tokens=n, min_new_tokens=n)
+    variants = {
+        "bridge eager": lambda: model.generate(tokens, **common),
+        "prompt lookup (k=10)": lambda: model.generate(tokens, **common, prompt_lookup_num_tokens=10),
+    }
+    assert torch.equal(variants["bridge eager"](), variants["prompt lookup (k=10)"]())
+    med = {name: statistics.median(t) for name, t in interleaved(variants, rounds).items()}
+    rates = ", ".join(f"{name} {batch * n / med[name]:.1f} tokens/s" for name in variants)
+    ratio = med["bridge eager"] / med["prompt lookup (k=10)"]
+    print(f"\nextraction, batch {batch}: {rates}; prompt lookup {ratio:.2f}x eager (tokens equal)")
 
 
 if __name__ == "__main__":
