@@ -48,7 +48,9 @@ class HookContext:
         kind: what the chunk holds: ``"forward"``, ``"prompt"``, ``"sampled"`` (tokens just sampled),
             ``"forced"`` (tokens a controller appended without sampling: k of them in one forward),
             ``"refeed"`` (a row's last kept token again, after a backtrack), ``"recompute"`` (a whole
-            row again, ``use_cache=False``), or ``"mixed"`` when rows differ (see ``row_kinds``).
+            row again, ``use_cache=False``), ``"verify"`` (speculative decoding: each row's last token
+            and its drafts; rejected ones are rolled back), or ``"mixed"`` when rows differ (see
+            ``row_kinds``).
         row_kinds: one of those per row of the batch, in a controlled `generate` (else empty).
         rows: the output row each batch row is, in a controlled `generate` (forks add rows; finished
             rows leave the batch), else empty.
