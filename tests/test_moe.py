@@ -317,3 +317,73 @@ def test_latent_attention_points():
         expected = model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.attn.hook_z", lambda x, h: z)])
         got = model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.attn.hook_pattern", set_pattern)])
     _close(got, expected)
+
+
+SHARED = [f for f in MOE_CONFIGS if make_bridge(f).adapter.moe.shared is not None]
+
+
+def _torch_hook(module, kind, fn):
+    if kind == "pre":
+        return module.register_forward_pre_hook(lambda m, args: (fn(args[0]), *args[1:]))
+    return module.register_forward_hook(lambda m, args, out: fn(out))
+
+
+@pytest.mark.parametrize("family", SHARED)
+def test_shared_expert_points_equal_torch_hooks_on_hf_modules(family):
+    """hook_shared_pre / post / gate: what plain torch hooks see on the shared expert's modules, and an edit
+    of each equals the same edit made by a torch hook on HF's module (never attached while unhooked)."""
+    from transformer_bridge.moe import shared_points
+
+    model = make_bridge(family)
+    keys = shared_points(model.adapter.moe)
+    assert {k for k, _, _ in keys} >= {"shared_pre", "shared_post"}
+    assert ("shared_gate" in {k for k, _, _ in keys}) == (family == "qwen2_moe")
+    _, cache = model.run_with_cache(TOKENS, names_filter=lambda n: "hook_shared" in n)
+    for key, path, kind in keys:
+        module, seen = _moe(model, path), {}
+        handle = _torch_hook(module, kind, lambda x, seen=seen: seen.setdefault("x", x.detach().clone()))
+        with torch.no_grad():
+            model.hf_model(TOKENS)
+        handle.remove()
+        _close(cache[f"blocks.{LAYER}.mlp.hook_{key}"], seen["x"].reshape(*TOKENS.shape, -1))
+
+        def edit(x):
+            return x * 3.0 - 0.5
+
+        want = _logits_with(model, module, kind, edit)
+        assert not torch.allclose(want, model.hf_model(TOKENS).logits, atol=1e-4)  # the edit matters
+        got = model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.mlp.hook_{key}", lambda x, hook: edit(x))])
+        _close(got, want)
+        assert not module._forward_hooks and not module._forward_pre_hooks
+
+
+def _logits_with(model, module, kind, fn):
+    handle = _torch_hook(module, kind, fn)
+    try:
+        with torch.no_grad():
+            return model.hf_model(TOKENS).logits
+    finally:
+        handle.remove()
+
+
+def test_latent_norm_scales_are_the_rms_of_the_latents():
+    """DeepSeek-V3: attn.q_a_layernorm / kv_a_layernorm.hook_scale = √(mean(x²)+ε) of the query latent and of
+    hook_kv_latent; scaling the kv scale by 2 halves the values, as halving kv_a_layernorm's output does."""
+    model = make_bridge("deepseek_v3")
+    attn = _moe(model, "self_attn")
+    _, cache = model.run_with_cache(TOKENS)
+    latent = cache[f"blocks.{LAYER}.attn.hook_kv_latent"]
+    eps = attn.kv_a_layernorm.variance_epsilon
+    _close(cache[f"blocks.{LAYER}.attn.kv_a_layernorm.hook_scale"], (latent.pow(2).mean(-1, keepdim=True) + eps).sqrt())
+    seen = {}
+    handle = attn.q_a_proj.register_forward_hook(lambda m, a, out: seen.setdefault("q", out.detach()))
+    with torch.no_grad():
+        model.hf_model(TOKENS)
+    handle.remove()
+    q = seen["q"]
+    _close(cache[f"blocks.{LAYER}.attn.q_a_layernorm.hook_scale"], (q.pow(2).mean(-1, keepdim=True) + eps).sqrt())
+    want = _logits_with(model, attn.kv_a_layernorm, "post", lambda x: x / 2)
+    got = model.run_with_hooks(
+        TOKENS, fwd_hooks=[(f"blocks.{LAYER}.attn.kv_a_layernorm.hook_scale", lambda s, hook: s * 2)]
+    )
+    _close(got, want)

@@ -178,6 +178,9 @@ def _norms(model):
     for key in ("q_norm", "k_norm"):
         if getattr(a, key) is not None:
             found[f"blocks.{LAYER}.attn.{key}"] = _block(model, getattr(a, key))
+    if a.mla:  # latent attention: the norms of the query and key/value latents
+        for key in ("q_a_layernorm", "kv_a_layernorm"):
+            found[f"blocks.{LAYER}.attn.{key}"] = _block(model, f"{a.attn}.{key}")
     assert all(f"{prefix}.hook_scale" in model.hook_dict for prefix in found)
     return found
 

@@ -23,6 +23,12 @@ On a block whose MLP is a mixture of experts (the adapter's `MoE` names its rout
   it is the routed part of ``hook_mlp_out`` (plus the shared expert's output where the family has
   one). An edit replaces the routed part by the edited sum.
 
+- ``blocks.L.mlp.hook_shared_pre`` / ``hook_shared_post [batch pos d_mlp_shared]`` (Qwen2-MoE, Llama 4,
+  DeepSeek-V3): the shared expert's gate projection and ``act(gate) * up`` (the input of its down
+  projection), and ``blocks.L.mlp.hook_shared_gate [batch pos 1]`` (Qwen2-MoE): the logit whose sigmoid
+  scales the shared expert's output. Torch hooks on the shared expert's own modules, attached only while
+  hooked; an edit takes effect.
+
 The router and experts modules work on flattened tokens ``[batch * pos, ...]``; the points show
 ``[batch, pos, ...]``.
 """
@@ -248,6 +254,25 @@ def _experts(moe: MoE, experts: nn.Module, n: int, registry: HookRegistry, inter
         return result.reshape(-1, n, result.shape[-1]).sum(dim=1).to(output.dtype)
 
     return ModuleSite(experts, process, registry)
+
+
+def token_rows(registry: HookRegistry) -> Callable:
+    """A site process showing ``[batch * pos, d]`` (or ``[batch, pos, d]``) as ``[batch, pos, d]``."""
+
+    def process(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
+        shown = x if x.dim() == 3 else x.view(_batch(registry), -1, x.shape[-1])
+        out = run("", shown)
+        return x if out is shown else out.reshape(x.shape)
+
+    return process
+
+
+def shared_points(moe: MoE) -> list[tuple[str, str, str]]:
+    """``(point key, module path, site kind)`` of the shared expert's points (none without one)."""
+    if moe.shared is None:
+        return []
+    out = [("shared_pre", f"{moe.shared}.gate_proj", "post"), ("shared_post", f"{moe.shared}.down_proj", "pre")]
+    return out + ([("shared_gate", moe.shared_gate, "post")] if moe.shared_gate else [])
 
 
 def moe_sites(

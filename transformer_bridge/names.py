@@ -30,7 +30,7 @@ _SHORT = {
     "attn_scores": "attn", "scores": "attn", "pattern": "attn", "attn": "attn",
     "pre": "mlp", "pre_linear": "mlp", "post": "mlp",
     "router_logits": "mlp", "expert_weights": "mlp", "expert_pre": "mlp", "expert_post": "mlp",
-    "expert_result": "mlp",
+    "expert_result": "mlp", "shared_pre": "mlp", "shared_post": "mlp", "shared_gate": "mlp",
     "mixer_out": "block", "kv_latent": "attn", "k_rope": "attn",
     "scale": "norm", "normalized": "norm",
 }  # fmt: skip

@@ -327,6 +327,11 @@ def build_sites(
             latent = site(attn_module.kv_a_proj_with_mqa, "post", mla.latent_split(attn_module.kv_lora_rank))
             add(p + "attn.hook_kv_latent", latent, "kv_latent")
             add(p + "attn.hook_k_rope", latent, "k_rope")
+            for key in ("q_a_layernorm", "kv_a_layernorm"):  # no q_a_layernorm without a query low-rank
+                if (latent_ln := getattr(attn_module, key, None)) is not None:
+                    ln_site = site(latent_ln, "post", norm(adapter.norm, latent_ln))
+                    add(p + f"attn.{key}.hook_scale", ln_site, "scale")
+                    add(p + f"attn.{key}.hook_normalized", ln_site, "normalized")
         elif adapter.qkv is None:
             for key in "qkv":
                 heads_here = n_heads if key == "q" else n_kv
@@ -389,6 +394,8 @@ def build_sites(
         if moe_block:
             for key, moe_site in moe.moe_sites(adapter.moe, block, registry, get_module):
                 add(p + f"mlp.hook_{key}", moe_site, key)
+            for key, path, kind in moe.shared_points(adapter.moe):
+                add(p + f"mlp.hook_{key}", site(m(path), kind, moe.token_rows(registry)))
         elif adapter.fused_gate_up:
             fused_mlp = site(m(adapter.mlp_in), "post", gate_up)
             add(p + "mlp.hook_pre", fused_mlp, "pre")

@@ -21,20 +21,20 @@ def _bias_free(family: str) -> bool:
 def _unruled(family: str) -> str | None:
     """Why cp_lrp cannot conserve on this family yet (a part without an LRP rule), or None.
 
-    Mixtures of experts have rules for the router (weights constant) and for experts with internal points
-    (`hook_expert_pre` / `hook_expert_post`); shared experts and latent attention have none.
+    Mixtures of experts have rules for the router (weights constant), for experts with internal points
+    (`hook_expert_pre` / `hook_expert_post`) and for shared experts (`hook_shared_*`); latent attention holds
+    its pattern constant.
     """
     adapter = adapter_for(CONFIGS[family]().model_type)
     if adapter.moe is None:
         return None
-    if adapter.mla:
-        return "latent attention: no hook_k, so cp_lrp cannot hold the pattern constant"
     hf = make_hf(family)
     for block in get_module(hf, adapter.blocks):
         if not is_moe_block(block, adapter.moe):
             continue
-        if any(hasattr(get_module(block, adapter.mlp_out), a) for a in ("shared_expert", "shared_experts")):
-            return "a shared expert: a plain MLP module without hook points, so no rule on its activation"
+        shared = any(hasattr(get_module(block, adapter.mlp_out), a) for a in ("shared_expert", "shared_experts"))
+        if shared and adapter.moe.shared is None:
+            return "a shared expert without hook points, so no rule on its activation"
         if not has_expert_internals(get_module(block, adapter.moe.experts), hf.config.hidden_size):
             return "experts without hook_expert_pre / hook_expert_post: no rule on their activation"
     return None

@@ -27,12 +27,17 @@ class MoE:
         dense: the router returns dense ``[token, expert]`` scores and the experts module runs every
             expert on its input scaled by them (Llama 4); otherwise the experts module takes
             ``(hidden, top_k_index, top_k_weights)``.
+        shared: the shared expert, a gated MLP (``gate_proj``, ``up_proj``, ``down_proj``) every token runs
+            (Qwen2-MoE, Llama 4, DeepSeek-V3); ``shared_gate``: the linear map whose sigmoid scales its output
+            (Qwen2-MoE). Their points are ``mlp.hook_shared_pre`` / ``hook_shared_post`` / ``hook_shared_gate``.
     """
 
     router: str
     experts: str
     routing: Routing = "softmax_topk"
     dense: bool = False
+    shared: str | None = None
+    shared_gate: str | None = None
 
 
 @dataclass(frozen=True)

@@ -17,5 +17,5 @@ DEEPSEEK_V3 = replace(
     k=None,
     v=None,
     mla=True,
-    moe=MoE(router="mlp.gate", experts="mlp.experts", routing="sigmoid_group_topk"),
+    moe=MoE(router="mlp.gate", experts="mlp.experts", routing="sigmoid_group_topk", shared="mlp.shared_experts"),
 )

@@ -18,5 +18,11 @@ LLAMA4 = replace(
     mlp_up="feed_forward.up_proj",
     mlp_down="feed_forward.down_proj",
     mlp_out="feed_forward",
-    moe=MoE(router="feed_forward.router", experts="feed_forward.experts", routing="topk_sigmoid", dense=True),
+    moe=MoE(
+        router="feed_forward.router",
+        experts="feed_forward.experts",
+        routing="topk_sigmoid",
+        dense=True,
+        shared="feed_forward.shared_expert",
+    ),
 )

@@ -12,7 +12,11 @@ from .llama import LLAMA, QWEN3
 _ROUTED = MoE(router="mlp.gate", experts="mlp.experts", routing="softmax_topk")
 
 MIXTRAL = replace(LLAMA, model_types=("mixtral",), moe=_ROUTED)
-QWEN2_MOE = replace(LLAMA, model_types=("qwen2_moe",), moe=_ROUTED)
+QWEN2_MOE = replace(
+    LLAMA,
+    model_types=("qwen2_moe",),
+    moe=replace(_ROUTED, shared="mlp.shared_expert", shared_gate="mlp.shared_expert_gate"),
+)
 QWEN3_MOE = replace(QWEN3, model_types=("qwen3_moe",), moe=_ROUTED)
 # OLMoE's q/k norms span all heads at once ([pos, head * d_head]), so they get no per-head norm points;
 # hook_q / hook_k are the projections' outputs before that norm.

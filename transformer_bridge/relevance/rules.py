@@ -20,7 +20,12 @@ Rules (``attnlrp`` | ``cp_lrp``):
 - mixture-of-experts blocks: the router's weights ``hook_expert_weights`` constant (like a norm's scale,
   so relevance flows only through the experts a token was routed to, in proportion to their weighted
   outputs), and each expert's ``act(gate) * up`` (``hook_expert_pre`` / ``hook_expert_post``) under the
-  gated-MLP rule above | same.
+  gated-MLP rule above | same; a shared expert's ``act(gate) * up`` (``hook_shared_pre`` /
+  ``hook_shared_post``) under the gated-MLP rule and its sigmoid gate ``hook_shared_gate`` constant, like
+  the router weights | same;
+- latent attention (DeepSeek-V3, no ``hook_k``): the norm scales of the query and key/value latents
+  (``attn.q_a_layernorm`` / ``attn.kv_a_layernorm.hook_scale``) constant by the norm rule; uniform rule on
+  ``hook_q`` and ``hook_rot_k`` (the values have no point, so no ÷ 2) | ``hook_pattern`` constant.
 """
 
 from collections.abc import Callable
@@ -54,21 +59,35 @@ def norm_scales_constant(model: BridgeCore) -> HookList:
 
 
 def attention_uniform(model: BridgeCore) -> HookList:
-    """Uniform rule on ``q @ kᵀ`` and ``pattern @ v``: gradient ÷ 4 on q and k, ÷ 2 on v."""
+    """Uniform rule on ``q @ kᵀ`` and ``pattern @ v``: gradient ÷ 4 on q and k, ÷ 2 on v.
+
+    Latent attention (no ``hook_k``) takes the key at ``hook_rot_k``; its values have no point (no ÷ 2).
+    """
+    keys = points(model, "attn.hook_k") + _latent(model, "attn.hook_rot_k")
     return [
-        *[(name, _gradient_times(0.25)) for name in points(model, "attn.hook_q") + points(model, "attn.hook_k")],
+        *[(name, _gradient_times(0.25)) for name in points(model, "attn.hook_q") + keys],
         *[(name, _gradient_times(0.5)) for name in points(model, "attn.hook_v")],
     ]
 
 
 def attention_constant(model: BridgeCore) -> HookList:
-    """q and k detached: the pattern is a constant and v gets the whole gradient."""
-    return [(name, _constant) for name in points(model, "attn.hook_q") + points(model, "attn.hook_k")]
+    """q and k detached: the pattern is a constant and v gets the whole gradient (latent attention, no
+    ``hook_k``: the pattern itself is detached)."""
+    names = points(model, "attn.hook_q") + points(model, "attn.hook_k") + _latent(model, "attn.hook_pattern")
+    return [(name, _constant) for name in names]
+
+
+def _latent(model: BridgeCore, suffix: str) -> list[str]:
+    """``suffix`` points of the attention layers without ``hook_k`` (latent attention)."""
+    return [n for n in points(model, suffix) if n.removesuffix(suffix) + "attn.hook_k" not in model.hook_dict]
 
 
 def router_constant(model: BridgeCore) -> HookList:
-    """Mixture-of-experts router weights held constant, as a norm's scale: no relevance reaches the router."""
-    return [(name, _constant) for name in points(model, "mlp.hook_expert_weights")]
+    """Mixture-of-experts router weights (and a shared expert's gate) held constant, as a norm's scale: no
+    relevance reaches the router."""
+    return [
+        (name, _constant) for name in points(model, "mlp.hook_expert_weights") + points(model, "mlp.hook_shared_gate")
+    ]
 
 
 def mlp_attnlrp(model: BridgeCore) -> HookList:
@@ -133,7 +152,8 @@ def _mlp_hooks(model: BridgeCore, gate_share: float) -> HookList:
     rule's constant factors. For gated MLPs ``post = act(gate) * up``, so ``post / gate`` is
     ``(act(gate) / gate) * up``: the identity rule times the other factor, and ``up`` gets the rest
     (``1 - gate_share``). Plain MLPs give the whole share to the activation. Mixture-of-experts blocks get
-    the same rule on every expert's ``hook_expert_pre`` / ``hook_expert_post`` (always gated).
+    the same rule on every expert's ``hook_expert_pre`` / ``hook_expert_post`` and on the shared expert's
+    ``hook_shared_pre`` / ``hook_shared_post`` (always gated).
     """
     hooks: HookList = []
     up_share = 1.0 - gate_share if model.cfg.gated_mlp else 0.0
@@ -141,9 +161,10 @@ def _mlp_hooks(model: BridgeCore, gate_share: float) -> HookList:
         pre_name = post_name.removesuffix("hook_post") + "hook_pre"
         if pre_name in model.hook_dict:
             hooks += _identity_pair(pre_name, post_name, gate_share, up_share)
-    for post_name in points(model, "mlp.hook_expert_post"):
-        pre_name = post_name.removesuffix("hook_expert_post") + "hook_expert_pre"
-        hooks += _identity_pair(pre_name, post_name, gate_share, 1.0 - gate_share)
+    for kind in ("expert", "shared"):
+        for post_name in points(model, f"mlp.hook_{kind}_post"):
+            pre_name = post_name.removesuffix(f"hook_{kind}_post") + f"hook_{kind}_pre"
+            hooks += _identity_pair(pre_name, post_name, gate_share, 1.0 - gate_share)
     return hooks
 
 
