@@ -249,6 +249,37 @@ def test_expert_internals_match_the_experts_module():
     _close(got, _with_router_hook(model, oracle))
 
 
+def test_llama4_expert_internals_match_the_experts_module():
+    """Llama 4 (experts run on router-scaled copies of the tokens): ``hook_expert_post`` through each down
+    projection is the HF experts module's output, ``hook_expert_pre`` the gate of the scaled input, and
+    zeroing an expert's hidden activation at some tokens equals zeroing its router score there."""
+    model = make_bridge("llama4_text")
+    experts = _moe(model, model.adapter.moe.experts)
+    cache, n = _cache(model), model.cfg.num_experts
+    seen = {}
+    h = experts.register_forward_hook(lambda m, a, o: seen.update(x=a[0], y=o))
+    with torch.no_grad():
+        model.hf_model(TOKENS)
+    h.remove()
+    x = seen["x"].view(n, -1, model.cfg.d_model)
+    d_mlp = experts.down_proj.shape[1]
+    gate = torch.bmm(x, experts.gate_up_proj[..., :d_mlp])
+    _close(cache[f"blocks.{LAYER}.mlp.hook_expert_pre"].reshape(-1, n, d_mlp).transpose(0, 1), gate)
+    post = cache[f"blocks.{LAYER}.mlp.hook_expert_post"].reshape(-1, n, d_mlp).transpose(0, 1)
+    _close(torch.bmm(post, experts.down_proj).reshape(seen["y"].shape), seen["y"])
+    expert = int(cache[f"blocks.{LAYER}.mlp.hook_expert_weights"][0, 1].argmax())
+    positions, oracle = _ban_in_router_output(model, expert)
+
+    def zero(x, hook):
+        x = x.clone()
+        x[positions, expert] = 0
+        return x
+
+    with torch.no_grad():
+        got = model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.mlp.hook_expert_post", zero)])
+    _close(got, _with_router_hook(model, oracle))
+
+
 def test_deepseek_group_routing_rule_equals_hf_router():
     """DeepSeek-V3's rule (sigmoid, bias-corrected group top-k) as `route` computes it, against HF's router."""
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter

@@ -198,6 +198,20 @@ def has_expert_internals(experts: nn.Module, d_model: int) -> bool:
     )
 
 
+def has_dense_expert_internals(experts: nn.Module, d_model: int) -> bool:
+    """Llama 4's layout: ``gate_up_proj [expert, d_model, 2 * d_mlp]``, ``down_proj [expert, d_mlp, d_model]``,
+    run on every expert's router-scaled copy of the tokens."""
+    gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+    return (
+        isinstance(gate_up, Tensor)
+        and isinstance(down, Tensor)
+        and gate_up.dim() == down.dim() == 3
+        and gate_up.shape[1] == down.shape[2] == d_model
+        and gate_up.shape[2] == 2 * down.shape[1]
+        and callable(getattr(experts, "act_fn", None))
+    )
+
+
 def _sparse(dense: Float[Tensor, "token expert"]) -> tuple[Tensor, Int[Tensor, "token k"]]:
     """Top-k style ``(weights, indices)`` for edited dense weights.
 
@@ -218,6 +232,8 @@ def _experts(moe: MoE, experts: nn.Module, n: int, registry: HookRegistry, inter
 
     def process(run: Run, args: tuple, output: Tensor) -> Tensor:
         batch = _batch(registry)
+        if internals and moe.dense:
+            return _from_dense_internals(run, args, output, batch)
         if internals:
             return _from_internals(run, args, output, batch)
         if moe.dense:  # Llama 4: the output is already [expert * token, d_model]
@@ -253,6 +269,23 @@ def _experts(moe: MoE, experts: nn.Module, n: int, registry: HookRegistry, inter
             return output
         return result.reshape(-1, n, result.shape[-1]).sum(dim=1).to(output.dtype)
 
+    def _from_dense_internals(run: Run, args: tuple, output: Tensor, batch: int) -> Tensor:
+        hidden = args[0].view(n, -1, args[0].shape[-1])  # each expert's copy, already scaled by its weight
+        gate_up = torch.bmm(hidden, experts.gate_up_proj).transpose(0, 1)  # [token, expert, 2 * d_mlp]
+        d_mlp = gate_up.shape[-1] // 2
+        gate, up = gate_up[..., :d_mlp], gate_up[..., d_mlp:]
+        shown = gate.reshape(batch, -1, n, d_mlp)
+        pre = run("expert_pre", shown)
+        edited = pre is not shown
+        shown = experts.act_fn(pre) * up.reshape(pre.shape)
+        post = run("expert_post", shown)
+        edited |= post is not shown
+        out = torch.einsum("bpej,ejd->bped", post, experts.down_proj)
+        result = run("expert_result", out)
+        if not edited and result is out:
+            return output
+        return result.permute(2, 0, 1, 3).reshape(output.shape).to(output.dtype)
+
     return ModuleSite(experts, process, registry)
 
 
@@ -281,7 +314,8 @@ def moe_sites(
     """``(point key, site)`` for the MoE points of one block, in canonical order."""
     router, experts = get(block, moe.router), get(block, moe.experts)
     routing = _router(moe, router, registry)
-    internals = not moe.dense and has_expert_internals(experts, router.weight.shape[-1])
+    d_model = router.weight.shape[-1]
+    internals = has_dense_expert_internals(experts, d_model) if moe.dense else has_expert_internals(experts, d_model)
     computed = _experts(moe, experts, router.num_experts, registry, internals)
     keys = ["expert_pre", "expert_post", "expert_result"] if internals else ["expert_result"]
     return [("router_logits", routing), ("expert_weights", routing), *((key, computed) for key in keys)]

@@ -5,7 +5,7 @@ import torch
 from conftest import CONFIGS, FAMILIES, V, make_bridge, make_hf
 
 from transformer_bridge.adapters import adapter_for
-from transformer_bridge.moe import has_expert_internals, is_moe_block
+from transformer_bridge.moe import has_dense_expert_internals, has_expert_internals, is_moe_block
 from transformer_bridge.relevance import RelevanceRun
 from transformer_bridge.sites import get_module
 
@@ -35,7 +35,8 @@ def _unruled(family: str) -> str | None:
         shared = any(hasattr(get_module(block, adapter.mlp_out), a) for a in ("shared_expert", "shared_experts"))
         if shared and adapter.moe.shared is None:
             return "a shared expert without hook points, so no rule on its activation"
-        if not has_expert_internals(get_module(block, adapter.moe.experts), hf.config.hidden_size):
+        internals = has_dense_expert_internals if adapter.moe.dense else has_expert_internals
+        if not internals(get_module(block, adapter.moe.experts), hf.config.hidden_size):
             return "experts without hook_expert_pre / hook_expert_post: no rule on their activation"
     return None
 
