@@ -177,11 +177,9 @@ def apply_ln_to_stack(
     if recompute_ln and layer == n:
         return _own_norm(model, cache._select(residual_stack, batch_slice, 1, "batch_slice") if has_batch_dim
                          and cache.has_batch_dim else residual_stack)  # fmt: skip
-    name = "ln_final.hook_scale" if layer == n else f"blocks.{layer}.{'ln2' if mlp_input else 'ln1'}.hook_scale"
-    if name not in model.hook_dict:  # no such norm: one norm feeds both (Phi, GPT-J) or none (OLMo 2)
-        name = f"blocks.{layer}.ln1.hook_scale"
-        if name not in model.hook_dict:
-            return residual_stack  # the sublayer reads the residual stream as it is
+    name = _scale_name(model, layer, mlp_input)
+    if name is None:
+        return residual_stack  # the sublayer reads the residual stream as it is
     scale = cache._at_pos(cache._get(name, "apply_ln_to_stack"), pos_slice)
     if cache.has_batch_dim:
         rank = scale.dim()
@@ -203,6 +201,16 @@ def apply_ln_to_stack(
     if model.cfg.normalization == "layernorm":
         residual_stack = residual_stack - residual_stack.mean(-1, keepdim=True)
     return residual_stack / scale.to(residual_stack.device)
+
+
+def _scale_name(model: Any, layer: int, mlp_input: bool) -> str | None:
+    """The cached scale of the norm that reads the residual at ``layer``; None where no norm does (OLMo 2)."""
+    if layer == model.cfg.n_layers:
+        return "ln_final.hook_scale"
+    name = f"blocks.{layer}.{'ln2' if mlp_input else 'ln1'}.hook_scale"
+    if name not in model.hook_dict:  # no such norm: one norm feeds both (Phi, GPT-J) or none (OLMo 2)
+        name = f"blocks.{layer}.ln1.hook_scale"
+    return name if name in model.hook_dict else None
 
 
 def logit_attrs(
@@ -383,10 +391,56 @@ def stack_neuron_results(
     if neuron_slice is not None:
         neurons = cache._select(neurons, neuron_slice, 0, "neuron_slice").reshape(-1)
         neuron_slice = neurons.tolist()  # one neuron per layer is still a component axis here
-    parts = [get_neuron_results(cache, i, neuron_slice, pos_slice).movedim(-2, 0) for i in range(layer)]
     labels = [f"L{i}N{n}" for i in range(layer) for n in neurons.tolist()]
+    if project_output_onto is not None and not incl_remainder and not model.adapter.sandwich:
+        return _projected_neurons(cache, model, layer, neuron_slice, pos_slice, apply_ln, mlp_input,
+                                  project_output_onto, labels, return_labels)  # fmt: skip
+    parts = [get_neuron_results(cache, i, neuron_slice, pos_slice).movedim(-2, 0) for i in range(layer)]
     out = _finish(cache, parts, labels, layer, mlp_input, incl_remainder, pos_slice, apply_ln, return_labels)
     return project(out, project_output_onto)
+
+
+def _projected_neurons(
+    cache: Cache, model: Any, layer: int, neuron_slice: Any, pos_slice: Any, apply_ln: bool, mlp_input: bool,
+    direction: Any, labels: list[str], return_labels: bool,
+) -> Tensor | tuple[Tensor, list[str]]:  # fmt: skip
+    """`stack_neuron_results(..., project_output_onto=direction)` without the ``[neuron, ..., d_model]`` stack:
+    neuron ``n`` adds ``post_n * W_out[n]``, so its projection is ``post_n * (W_out[n] @ direction)``; with
+    ``apply_ln`` the frozen norm is linear too: ``(x @ d - mean(x) * sum(d)) / scale`` (the mean for LayerNorm)."""
+    if not isinstance(direction, Tensor) or direction.dim() not in (1, 2) or direction.shape[0] != model.cfg.d_model:
+        return project(torch.zeros(0, model.cfg.d_model), direction)  # raises the projection's error
+    mlp_reads_attn(model, layer, mlp_input)
+    multiplier = model.adapter.residual_scale(model.hf_model.config)  # Granite's residual_multiplier
+    parts = []
+    for i in range(layer):
+        post = cache._at_pos(cache._get(f"blocks.{i}.mlp.hook_post", "stack_neuron_results"), pos_slice)
+        post, weight = _matched(post, out_weight(model, i))
+        if neuron_slice is not None:
+            chosen = torch.as_tensor(neuron_slice, device=post.device)
+            post, weight = post.index_select(-1, chosen), weight.index_select(0, chosen.to(weight.device))
+        d = direction.to(weight.device, weight.dtype)
+        per_neuron = weight @ d  # [neuron] or [neuron, k]
+        if apply_ln and model.cfg.normalization == "layernorm":
+            mean = weight.mean(-1)
+            per_neuron = per_neuron - (mean * d.sum() if d.dim() == 1 else mean[:, None] * d.sum(0))
+        per_neuron = (per_neuron * multiplier if multiplier != 1.0 else per_neuron).to(post.device)
+        parts.append(
+            (post * per_neuron).movedim(-1, 0) if d.dim() == 1 else (post[..., None] * per_neuron).movedim(-2, 0)
+        )
+    name = _scale_name(model, layer, mlp_input) if apply_ln else None
+    if parts:
+        stack = torch.cat(parts)
+    else:  # layer 0: no neurons, in the dtype a later layer's stack has (the weights' and scale's promotion)
+        target = resid_at(cache, layer, mlp_reads_attn(model, layer, mlp_input), pos_slice, "An empty stack")
+        try:
+            dtype = torch.promote_types(target.dtype, out_weight(model, 0).dtype)
+        except ValueError:  # a mixture of experts has no W_out (nor neurons to stack)
+            dtype = target.dtype
+        stack = target.new_zeros((0, *target.shape[:-1], *direction.shape[1:]), dtype=dtype)
+    if name is not None:
+        scale = cache._at_pos(cache._get(name, "apply_ln"), pos_slice).to(stack.device)
+        stack = stack / (scale[..., 0] if direction.dim() == 1 else scale)
+    return (stack, labels) if return_labels else stack
 
 
 def _finish(

@@ -263,3 +263,28 @@ def test_ln2_hook_in_is_what_the_mlp_norm_reads(family):
     finally:
         handle.remove()
     torch.testing.assert_close(cache[model.blocks[1].ln2.hook_in.name], seen["x"])
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox", "gemma2"])
+@pytest.mark.parametrize("apply_ln", [False, True])
+def test_projected_neuron_stack_equals_projecting_the_full_stack(family, apply_ln):
+    model = perturb_(make_bridge(family))
+    _, cache = model.run_with_cache(TOKENS)
+    gen = torch.Generator().manual_seed(3)
+    for direction in (torch.randn(model.cfg.d_model, generator=gen), torch.randn(model.cfg.d_model, 3, generator=gen)):
+        for layer, kwargs in ((-1, {}), (-1, {"pos_slice": -1}), (1, {"neuron_slice": [0, 5, 7], "mlp_input": True})):
+            full = cache.stack_neuron_results(layer, apply_ln=apply_ln, **kwargs)  # [neuron, ..., d_model]
+            got = cache.stack_neuron_results(layer, apply_ln=apply_ln, project_output_onto=direction, **kwargs)
+            torch.testing.assert_close(got, full @ direction, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("apply_ln", [False, True])
+def test_layer_zero_projected_neuron_stack_has_the_dtype_of_later_layers(apply_ln):
+    model = perturb_(make_bridge("gpt2"))
+    _, cache = model.run_with_cache(TOKENS)
+    half = ActivationCache({k: v.to(torch.bfloat16) for k, v in cache.cache_dict.items()}, model)
+    direction = torch.randn(model.cfg.d_model)
+    empty, later = (half.stack_neuron_results(i, apply_ln=apply_ln, project_output_onto=direction) for i in (0, 1))
+    assert empty.shape == (0, *later.shape[1:]) and empty.dtype == later.dtype == torch.float32
+    # the float32 weights promote the bf16 activations, as in the unfused computation
+    torch.testing.assert_close(later, half.stack_neuron_results(1, apply_ln=apply_ln).float() @ direction)
