@@ -33,8 +33,9 @@ from .sites import get_module
 
 Sublayer = Literal["attn", "mlp"]
 Kind = Literal[
-    "embed", "pos_embed", "head", "attn_out", "attn_bias", "neuron", "mlp_out", "mlp_bias", "expert", "mlp_rest"
-]
+    "embed", "pos_embed", "head", "attn_out", "attn_bias", "neuron", "mlp_out", "mlp_bias", "expert", "mlp_rest",
+    "mixer_out"
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,8 @@ def component_groups(
     (``mlp.hook_expert_result``, zero where a token is not routed to the expert) plus the rest of
     ``hook_mlp_out`` (a shared expert, the post-norm's bias). ``kinds`` limits the blocks' parts to
     attention or MLP outputs. The parts sum to the residual when everything is included. Parts stay in
-    groups (a layer's heads are one tensor), so a caller stacks them with one copy (`stack_groups`).
+    groups (a layer's heads are one tensor), so a caller stacks them with one copy (`stack_groups`). A
+    state-space (Mamba) block has one part, ``hook_mixer_out`` (kind ``mixer_out``), whatever the options.
 
     Example:
         >>> groups = component_groups(model, acts, model.cfg.n_layers, heads=True)
@@ -246,6 +248,9 @@ def component_groups(
         else:
             found.append(_one(resid0, "embed"))
     for i in range(layer + mlp_input):
+        if model.adapter.ssm is not None:  # a state-space block adds one part: its mixer's output (any `kinds`)
+            found += [_one(acts.get(f"blocks.{i}.hook_mixer_out"), "mixer_out", i)] if i < layer else []
+            continue
         if "attn" in kinds:
             found += _attn_groups(model, acts, i, heads)
         if "mlp" in kinds and i < layer:

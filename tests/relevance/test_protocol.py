@@ -126,5 +126,5 @@ def test_a_family_without_the_points_a_method_reads_fails_clearly(monkeypatch):
     run = tiny_run(model, random_tokens(1, 6), prompt_width=4)
     for call in (lambda: relevance_hooks(model, "absent"), lambda: run.relevance_pass(method="absent")):
         with pytest.raises(ValueError, match=r"'absent' reads hook points that this 'llama' model does not have: "
-                                             r"\['blocks\.0\.hook_nope'\].*'attnlrp'"):  # fmt: skip
+                                             r"\['blocks\.0\.hook_nope'\].*'grad_x_input'"):  # fmt: skip
             call()

@@ -13,7 +13,8 @@ GLM-4) each head's output and bias pass through the post-attention norm at its c
 (``blocks.L.ln1_post.hook_scale``). A mixture-of-experts MLP is one component (``L0.mlp``); when the cache
 also holds each expert's output (``blocks.L.mlp.hook_expert_result``, e.g. ``names_filter=None``) it is
 split into ``L0E0`` … (one per expert; 0 where the token was not routed there) and ``L0.mlp_rest`` (a
-shared expert). Reads `dla_hooks` (+ `expert_hooks` when cached). Cost: no forward, a few small matmuls.
+shared expert). A state-space (Mamba) block is one component, its mixer's output ``hook_mixer_out``
+(``L0.mixer``). Reads `dla_hooks` (+ `expert_hooks` when cached). Cost: no forward, a few small matmuls.
 """
 
 import torch
@@ -42,6 +43,9 @@ def dla_hooks(model: BridgeCore) -> list[str]:
     if "hook_pos_embed" in model.hook_dict:
         names.append("hook_pos_embed")
     for layer in range(model.cfg.n_layers):
+        if model.adapter.ssm is not None:  # Mamba: each block adds its mixer's output
+            names.append(f"blocks.{layer}.hook_mixer_out")
+            continue
         names += [f"blocks.{layer}.attn.hook_result", f"blocks.{layer}.hook_mlp_out"]
         if model.adapter.sandwich:
             names.append(post_norm_scale_name(layer, "attn"))
@@ -96,10 +100,13 @@ def dla(request: Request) -> MethodOutput:
 
 def label(component: Component) -> str:
     """The label `dla` gives a component: ``embed``, ``pos_embed``, ``L0H3``, ``L0.attn_bias``, ``L0.mlp``,
-    and for a mixture of experts split by expert ``L0E5`` (expert 5) and ``L0.mlp_rest`` (a shared expert)."""
+    and for a mixture of experts split by expert ``L0E5`` (expert 5) and ``L0.mlp_rest`` (a shared expert);
+    ``L0.mixer`` for a state-space block."""
     kind, layer = component.kind, component.layer
     if kind in ("embed", "pos_embed"):
         return kind
+    if kind == "mixer_out":
+        return f"L{layer}.mixer"
     if kind in ("head", "expert"):
         return f"L{layer}{'H' if kind == 'head' else 'E'}{component.index}"
     return f"L{layer}.{'mlp' if kind == 'mlp_out' else kind}"

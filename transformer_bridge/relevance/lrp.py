@@ -14,6 +14,11 @@ embedding, Gemma's √d scaling included), where ``∂̃`` is the gradient with 
   on bias-free families Σ R equals the target's logit (Euler's theorem). Biases, Gemma 2's soft-caps
   and a ``logprob`` target break exact conservation.
 
+State-space (Mamba) models raise a `ValueError`: the rules cover attention, MLPs, norms and mixtures of
+experts, not the mixer (its causal convolution's activation has no hook point for the identity rule, and
+the convolution has a bias), so neither variant would be what its name says. ``grad_x_input``,
+``integrated_gradients``, ``grad_norm``, ``dla`` and ``logit_lens`` run on Mamba.
+
 Cost: one forward plus one backward per round (one explained token per batch row), about
 1.5–2.5 forwards per explained token.
 """
@@ -37,6 +42,12 @@ def lrp(request: Request, variant: Variant = "attnlrp") -> MethodOutput:
         >>> out.scores.shape   # [explained, pos]
     """
     model = request.model
+    if model.adapter.ssm is not None:
+        raise ValueError(
+            f"Method {variant!r} has no LRP rules for the state-space mixer of this {model.cfg.model_type!r} model "
+            "(see transformer_bridge.relevance.lrp); use 'grad_x_input', 'integrated_gradients', 'dla' or "
+            "'logit_lens'."
+        )
     cap = getattr(model.hf_model.config, "final_logit_softcapping", None)
     scores, values = backprop_scores(
         request,

@@ -117,7 +117,7 @@ class Method:
             raise ValueError(
                 f"Method {self.name!r} reads hook points that this {model.cfg.model_type!r} model does not have: "
                 f"{shown} (`model.hook_dict` lists the ones it has). Use a method that recomputes a forward "
-                "instead (e.g. 'attnlrp')."
+                "instead (e.g. 'grad_x_input' or 'integrated_gradients', which run on every family)."
             )
         return names
 
