@@ -29,6 +29,24 @@ def test_cp_lrp_conserves_on_bias_free_families(family, target):
         assert step.conservation_error < 1e-4
 
 
+def test_cp_lrp_conserves_through_a_sigmoid_gated_shared_expert():
+    """Qwen2-MoE (not bias-free: q/k/v biases, zeroed here) has a shared expert under a sigmoid gate; with
+    the gate held constant and the gated-MLP rule on the shared expert, cp_lrp conserves."""
+    model = make_bridge("qwen2_moe")
+    assert "blocks.1.mlp.hook_shared_gate" in model.hook_dict
+    with torch.no_grad():
+        for name, p in model.hf_model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+    tokens = random_tokens(1, 10, seed=3)
+    rel = tiny_run(model, tokens, prompt_width=6, cache=False).relevance_pass(method="cp_lrp")
+    with torch.no_grad():
+        logits = model.hf_model(tokens).logits[0].float()
+    for step in rel:
+        want = logits[step.position - 1, step.token_id].item()
+        assert step.relevance.sum().item() == pytest.approx(want, rel=1e-4, abs=1e-5)
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_attnlrp_equals_rule_by_rule_llama_layout(family):
     model = make_bridge(family)
