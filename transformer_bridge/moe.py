@@ -13,7 +13,9 @@ On a block whose MLP is a mixture of experts (the adapter's `MoE` names its rout
   routing.
 - ``blocks.L.mlp.hook_expert_pre`` and ``hook_expert_post [batch pos expert d_mlp]`` (experts stored
   as ``gate_up_proj [expert, 2 * d_mlp, d_model]`` and ``down_proj [expert, d_model, d_mlp]`` with no
-  biases: Mixtral, Qwen-MoE, OLMoE): each expert's gate pre-activation and its ``act(gate) * up``, the
+  biases: Mixtral, Qwen-MoE, OLMoE; or Llama 4's ``gate_up_proj [expert, d_model, 2 * d_mlp]``, whose
+  experts run on each token already scaled by its router score, so its points are of that scaled input):
+  each expert's gate pre-activation and its ``act(gate) * up``, the
   input of its down projection; TransformerLens' ``hook_pre`` / ``hook_post`` per expert. Every
   expert is evaluated on every token (those a token is not routed to weigh 0). Computed only while
   hooked; an edit makes the bridge compute the routed sum itself from them.
