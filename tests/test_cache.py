@@ -103,6 +103,19 @@ def test_incl_bwd_stores_gradients():
     assert cache["blocks.1.hook_resid_post_grad"][1].abs().max() == 0  # row 1 does not touch the metric
 
 
+def test_pos_slice_cuts_gradients_on_the_axis_of_their_point():
+    """A gradient is sliced like its activation: patterns and scores on the query axis, the rest on positions."""
+    model = make_bridge("llama")
+    names = ["blocks.0.attn.hook_pattern", "blocks.0.attn.hook_attn_scores", "blocks.1.hook_resid_post"]
+    _, full = model.run_with_cache(TOKENS, names_filter=names, incl_bwd=True)
+    model.hf_model.zero_grad()
+    _, cut = model.run_with_cache(TOKENS, names_filter=names, incl_bwd=True, pos_slice=slice(1, 3))
+    model.hf_model.zero_grad()
+    for n in names[:2]:
+        torch.testing.assert_close(cut[n + "_grad"], full[n + "_grad"][:, :, 1:3])
+    torch.testing.assert_close(cut[names[2] + "_grad"], full[names[2] + "_grad"][:, 1:3])
+
+
 def test_save_load_roundtrip(tmp_path):
     model = make_bridge("gpt2")
     _, cache = model.run_with_cache(["Hi", "Hello"])

@@ -90,7 +90,8 @@ def _run_heads_last(groups: list[AttentionPoints], which: str, x: Tensor) -> Ten
         if point is not None and point.active:
             shown = x.transpose(1, 2)
             out = point.run(shown)
-            x = x if out is shown else out.transpose(1, 2)
+            # A view the hook asked to keep the gradient of (``retain_grad``) must be on the path.
+            x = x if out is shown and not out.retains_grad else out.transpose(1, 2)
     return x
 
 
@@ -148,11 +149,12 @@ def hooked_attention(
         scores = torch.tanh(scores / softcap) * softcap
     scores = _apply_mask(scores, attention_mask, n_q, n_kv)
     new_scores = _run(groups, "scores", scores)
-    edited |= new_scores is not scores
+    # A tensor kept for its gradient (``retain_grad``) is only on the path if the explicit kernel runs.
+    edited |= new_scores is not scores or new_scores.retains_grad
     scores = new_scores
     pattern = _softmax(scores, s_aux).to(query.dtype)
     new_pattern = _run(groups, "pattern", pattern)
-    edited |= new_pattern is not pattern
+    edited |= new_pattern is not pattern or new_pattern.retains_grad
     pattern = new_pattern
     if not edited:
         return None

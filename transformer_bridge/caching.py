@@ -41,7 +41,8 @@ class CacheWriter:
 
 
 def _slice_positions(name: str, t: Tensor, pos_slice: int | slice | Sequence[int]) -> Tensor:
-    dim = 2 if name.endswith(("hook_pattern", "hook_attn_scores")) else 1
+    query_axis_second = name.removesuffix("_grad").endswith(("hook_pattern", "hook_attn_scores"))
+    dim = 2 if query_axis_second else 1
     if isinstance(pos_slice, int):
         return t.narrow(dim, pos_slice % t.shape[dim], 1)
     if isinstance(pos_slice, slice):

@@ -206,6 +206,9 @@ def test_retain_grad_in_a_hook_gets_the_true_gradient(model):
     """TransformerLens' idiom: keep an activation from a hook, ``retain_grad()``, backpropagate, read
     ``.grad``. Oracle: the activation made a leaf by a replacing hook, differentiated by autograd."""
     names = ["blocks.0.attn.hook_pattern", "blocks.1.hook_resid_post", "blocks.0.ln1.hook_scale"]
+    # Points whose read-only hooks otherwise leave the model on its fused kernel (SDPA), off their tensor.
+    names += [n for n in ("blocks.0.attn.hook_attn_scores", "blocks.1.attn.hook_rot_q", "blocks.1.attn.hook_rot_k")
+              if n in model.hook_dict]  # fmt: skip
     kept = {}
 
     def keep(x, hook):
