@@ -36,7 +36,6 @@ _ROPE = dict(_COMMON, hidden_size=D, intermediate_size=M, num_hidden_layers=L, n
              num_key_value_heads=KV, max_position_embeddings=128)  # fmt: skip
 
 
-
 def _auto(model_type: str, **overrides):
     """A tiny config of ``model_type`` with the shared sizes (4 heads, 2 kv heads) and ``overrides``."""
     return AutoConfig.for_model(model_type, **{**_ROPE, **overrides})
@@ -125,8 +124,9 @@ MOE_CONFIGS = {
 CONFIGS.update(MOE_CONFIGS)
 # State-space families: not in FAMILIES (those tests are about attention and MLPs); tests/test_ssm.py.
 SSM_CONFIGS = {
-    "mamba": lambda: AutoConfig.for_model("mamba", **_COMMON, hidden_size=D, state_size=8, num_hidden_layers=L,
-                                          expand=2, conv_kernel=4, time_step_rank=2),
+    "mamba": lambda: AutoConfig.for_model(
+        "mamba", **_COMMON, hidden_size=D, state_size=8, num_hidden_layers=L, expand=2, conv_kernel=4, time_step_rank=2
+    ),
 }
 FAMILIES = list(CONFIGS)
 
