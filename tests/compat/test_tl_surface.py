@@ -313,7 +313,8 @@ def test_caching_hooks_fill_a_dict_like_run_with_cache(model):
     assert torch.equal(cache["blocks.1.attn.hook_pattern"], ref["pattern", 1][:, :, 1:4])
     kept = model.add_caching_hooks("blocks.1.hook_resid_post")
     model(TOKENS[:1])
-    assert torch.equal(kept["blocks.1.hook_resid_post"], ref["resid_post", 1][:1])
+    # A batch of one takes other BLAS blocking than the batch of two (with several threads): close, not bitwise.
+    torch.testing.assert_close(kept["blocks.1.hook_resid_post"], ref["resid_post", 1][:1])
     model.reset_hooks()
     kept.clear()
     model(TOKENS)
@@ -323,7 +324,7 @@ def test_caching_hooks_fill_a_dict_like_run_with_cache(model):
     model(TOKENS[:1])
     model.reset_hooks()
     assert set(everything) == set(model.hook_dict)
-    assert torch.equal(everything["blocks.0.hook_resid_pre"], ref["resid_pre", 0][0])
+    torch.testing.assert_close(everything["blocks.0.hook_resid_pre"], ref["resid_pre", 0][0])
 
 
 def test_caching_hooks_gradients_match_run_with_cache(model):
