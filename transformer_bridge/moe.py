@@ -46,12 +46,13 @@ from torch.utils.hooks import RemovableHandle
 
 from .adapters.base import MoE, Routing
 from .hook_points import HookPoint, HookRegistry
+from .torch_hook import TorchHook
 
 Run = Callable[[str, Tensor], Tensor]
 
 
 @dataclass(eq=False)
-class ModuleSite:
+class ModuleSite(TorchHook):
     """A forward hook on one module whose ``process(run, args, output)`` sees all its inputs and its whole
     output, and returns the output (the same object when nothing changed)."""
 
@@ -63,22 +64,8 @@ class ModuleSite:
     handle: RemovableHandle | None = None
     fired: bool = False
 
-    @property
-    def attached(self) -> bool:
-        return self.handle is not None
-
-    def sync(self) -> None:
-        wanted = any(point.active for point in self.served)
-        if wanted and self.handle is None:
-            self.handle = self.module.register_forward_hook(self._post, with_kwargs=True)
-        elif not wanted and self.handle is not None:
-            self.handle.remove()
-            self.handle = None
-
-    def detach(self) -> None:
-        if self.handle is not None:
-            self.handle.remove()
-            self.handle = None
+    def _register(self) -> RemovableHandle:
+        return self.module.register_forward_hook(self._post, with_kwargs=True)
 
     def active(self, key: str) -> bool:
         point = self.points.get(key)

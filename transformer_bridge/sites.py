@@ -19,12 +19,13 @@ from . import attention, mla, moe
 from .adapters import Adapter
 from .distributed import local_param, o_proj_weight, onloaded, sum_over_ranks
 from .hook_points import HookPoint, HookRegistry
+from .torch_hook import TorchHook
 
 Run = Callable[[str, Tensor], Tensor]
 
 
 @dataclass(eq=False)
-class Site:
+class Site(TorchHook):
     """One torch hook serving ``points``; ``process(run, x, inp)`` returns the (maybe new) tensor.
 
     For a ``pre`` site ``x`` is the module's first input; for a ``post`` site ``x`` is its output
@@ -40,27 +41,10 @@ class Site:
     handle: RemovableHandle | None = None
     fired: bool = False  # set by the torch hook; the bridge checks it after each forward
 
-    @property
-    def attached(self) -> bool:
-        return self.handle is not None
-
-    def sync(self) -> None:
-        """Attach the torch hook iff a point this site serves has a function (idempotent)."""
-        wanted = any(point.active for point in self.served)
-        if wanted and self.handle is None:
-            if self.kind == "pre":
-                self.handle = self.module.register_forward_pre_hook(self._pre, with_kwargs=True)
-            else:
-                self.handle = self.module.register_forward_hook(self._post, with_kwargs=True)
-        elif not wanted and self.handle is not None:
-            self.handle.remove()  # idempotent, so a failure after it is healed by syncing again
-            self.handle = None
-
-    def detach(self) -> None:
-        """Remove the torch hook whatever the points say (undone by `sync`)."""
-        if self.handle is not None:
-            self.handle.remove()
-            self.handle = None
+    def _register(self) -> RemovableHandle:
+        if self.kind == "pre":
+            return self.module.register_forward_pre_hook(self._pre, with_kwargs=True)
+        return self.module.register_forward_hook(self._post, with_kwargs=True)
 
     def _run(self, key: str, tensor: Tensor) -> Tensor:
         point = self.points.get(key)
@@ -204,7 +188,7 @@ def head_results(n_heads: int, d_head: int, module: nn.Module, conv1d: bool, reg
     return process
 
 
-class AttnFnSite:
+class AttnFnSite(TorchHook):
     """A forward pre-hook on the layer's attention module that routes it through the explicit path.
 
     The hook adds this layer's points to the keyword `attention.POINTS_KWARG`, which HF passes on to
@@ -217,22 +201,8 @@ class AttnFnSite:
         self.handle: RemovableHandle | None = None
         self.fired = False
 
-    def sync(self) -> None:
-        wanted = any(point.active for point in self.served)
-        if wanted and self.handle is None:
-            self.handle = self.module.register_forward_pre_hook(self._pre, with_kwargs=True)
-        elif not wanted and self.handle is not None:
-            self.handle.remove()
-            self.handle = None
-
-    def detach(self) -> None:
-        if self.handle is not None:
-            self.handle.remove()
-            self.handle = None
-
-    @property
-    def attached(self) -> bool:
-        return self.handle is not None
+    def _register(self) -> RemovableHandle:
+        return self.module.register_forward_pre_hook(self._pre, with_kwargs=True)
 
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict):
         self.fired = True
