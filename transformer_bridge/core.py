@@ -21,21 +21,22 @@ from . import attention
 from .adapters import Adapter, adapter_for
 from .cache import ActivationCache, check_pos_slice
 from .caching import CacheWriter, next_token_loss, next_token_losses
-from .checks import ArgumentIndexError, check_bool, check_device, describe, suggest_keywords
+from .checks import ArgumentIndexError, check_device, describe, suggest_keywords
 from .config import BridgeConfig, bridge_config
 from .distributed import attach_shard_specs, full_param, input_device, tp_mesh
 from .hook_points import HookContext, HookPoint, HookRegistry, NameOrFilter
-from .inputs import PaddingSide, check_attention_mask, infer_attention_mask, tokenize
+from .inputs import PaddingSide, check_attention_mask, infer_attention_mask
 from .layers import StopForward, check_layer, start_at, stop_before
 from .names import NameFilter
 from .sites import arm_sites, build_sites, check_sites, disarm_sites, get_module
 from .ssm import build_ssm_sites
+from .tokens import Tokens
 
 Input = str | Sequence[str] | Tensor
 NamesFilter = NameFilter
 
 
-class BridgeCore(nn.Module, HookRegistry):
+class BridgeCore(nn.Module, HookRegistry, Tokens):
     """Wrap a HF causal LM and expose TransformerLens-named hook points (the core of `TransformerBridge`).
 
     With no hook registered the model runs its own code: logits are bitwise those of the HF model.
@@ -180,116 +181,6 @@ class BridgeCore(nn.Module, HookRegistry):
             f"TransformerBridge({type(self.hf_model).__name__}, n_layers={c.n_layers}, d_model={c.d_model}, "
             f"n_heads={c.n_heads}, n_kv_heads={c.n_kv_heads}, hook points={len(self.hook_dict)})"
         )
-
-    # -- tokens -------------------------------------------------------------------------------
-    def _require_tokenizer(self) -> Any:
-        if self.tokenizer is None:
-            raise ValueError(
-                "This bridge has no tokenizer, so it cannot take text. Pass token ids, or build it with "
-                "`TransformerBridge(hf_model, tokenizer)`."
-            )
-        return self.tokenizer
-
-    @property
-    def pad_token_id(self) -> int:
-        """The id used to pad batches: the tokenizer's pad token, else its EOS, else the config's, else 0."""
-        known = self._known_pad_id()
-        return 0 if known is None else known
-
-    def _known_pad_id(self) -> int | None:
-        tok = self.tokenizer
-        for value in (
-            getattr(tok, "pad_token_id", None),
-            getattr(tok, "eos_token_id", None),
-            getattr(self.hf_model.config, "pad_token_id", None),
-        ):
-            if isinstance(value, int):
-                return value
-        return None
-
-    def to_tokens(
-        self,
-        input: str | Sequence[str],
-        prepend_bos: bool | None = None,
-        padding_side: PaddingSide | None = None,
-        move_to_device: bool = True,
-        truncate: bool = True,
-    ) -> Int[Tensor, "batch pos"]:
-        """Tokenize text into ``[batch, pos]`` token ids, as TransformerLens does.
-
-        ``prepend_bos`` (default ``cfg.default_prepend_bos``: True when the tokenizer has a BOS token)
-        makes every row start with exactly one BOS; ``padding_side`` (default ``cfg.default_padding_side``,
-        ``"right"`` as in TransformerLens) pads a batch; ``truncate`` cuts rows to the context length.
-        A forward or `generate` on these ids infers the mask from left padding; for right padding,
-        or to be explicit, use `to_tokens_and_mask`.
-
-        Example:
-            >>> tokens = model.to_tokens(["Hello", "The capital of France is"])
-            >>> logits = model(tokens)
-        """
-        tokens, _ = self.to_tokens_and_mask(input, prepend_bos, padding_side, move_to_device, truncate)
-        return tokens
-
-    def to_tokens_and_mask(
-        self,
-        input: str | Sequence[str],
-        prepend_bos: bool | None = None,
-        padding_side: PaddingSide | None = None,
-        move_to_device: bool = True,
-        truncate: bool = True,
-    ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
-        """`to_tokens` and the matching attention mask (1 = real token).
-
-        Example:
-            >>> tokens, mask = model.to_tokens_and_mask(["Hi", "Hello there"], padding_side="left")
-        """
-        tok = self._require_tokenizer()
-        bos = self.cfg.default_prepend_bos if prepend_bos is None else check_bool("prepend_bos", prepend_bos)
-        side = self.cfg.default_padding_side if padding_side is None else padding_side
-        max_length = self.cfg.n_ctx if truncate else None
-        tokens, mask = tokenize(tok, input, bos, side, self.pad_token_id, max_length)
-        if move_to_device:
-            tokens, mask = tokens.to(self.device), mask.to(self.device)
-        return tokens, mask
-
-    def to_string(self, tokens: Int[Tensor, "... pos"] | Sequence[int]) -> str | list[str]:
-        """Decode tokens: one sequence → str, a batch → list of str (special tokens kept)."""
-        tok = self._require_tokenizer()
-        t = torch.as_tensor(tokens)
-        if t.dim() <= 1:
-            return tok.decode(t.reshape(-1).tolist())
-        return [tok.decode(row.tolist()) for row in t]
-
-    def to_str_tokens(
-        self,
-        input: str | Sequence[str] | Int[Tensor, "... pos"] | Sequence[int],
-        prepend_bos: bool | None = None,
-        padding_side: PaddingSide | None = None,
-    ) -> list[str] | list[list[str]]:
-        """The string of each token, as TransformerLens: one text or sequence → ``list[str]``; a list
-        of texts or a ``[batch, pos]`` tensor → one list per row. Example:
-        ``model.to_str_tokens("Hi there", prepend_bos=False) == ["Hi", " there"]``."""
-        tok = self._require_tokenizer()
-        if isinstance(input, (list, tuple)) and input and isinstance(input[0], str):
-            return [self.to_str_tokens(text, prepend_bos, padding_side) for text in input]
-        if isinstance(input, str):
-            ids = self.to_tokens(input, prepend_bos=prepend_bos, move_to_device=False)[0].tolist()
-        else:
-            t = torch.as_tensor(input)
-            if t.dim() > 1:
-                if t.shape[0] != 1 or t.dim() > 2:
-                    return [self.to_str_tokens(row) for row in t.reshape(-1, t.shape[-1])]
-                t = t[0]
-            ids = t.reshape(-1).tolist()
-        return [tok.decode([i]) for i in ids]
-
-    def to_single_token(self, string: str) -> int:
-        """The id of a string that is exactly one token (no special tokens added)."""
-        tok = self._require_tokenizer()
-        ids = tok(string, add_special_tokens=False)["input_ids"]
-        if len(ids) != 1:
-            raise ValueError(f"`string`={string!r} is {len(ids)} tokens ({ids}), not exactly one.")
-        return ids[0]
 
     # -- unembedding ---------------------------------------------------------------------------
     @property
