@@ -7,7 +7,13 @@ all beams (so ``num_beams`` of them are still running even if the best all end) 
 stop → the best ``num_beams`` running ones continue (the KV cache is reordered to them) → the
 finished ones compete, length-penalised, for the ``num_beams`` best finished slots. The loop ends
 when no running beam can beat the finished ones (``early_stopping``), or at ``max_new_tokens``.
+
+With a controller (`beam_control.BeamControl`) each beam's continuations are masked to the tokens its
+controller allows (after the processors, before the warpers), and a beam whose controller stops is
+finished as it stands.
 """
+
+from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -15,18 +21,43 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from ..core import BridgeCore
+from .beam_control import BeamControl
+from .control import own_copy
 from .decode import Plan, decode_full, decode_one_token, prefill
 from .outputs import FINISH_REASONS, GenerationOutput
 from .sampling import warp_logits
 from .stopping import MAX_TIME
 
 NEG = -1.0e9  # HF's "impossible" score: large and finite, so sums stay ordered
+CONTROLLER = FINISH_REASONS.index("controller")
 
 
 def beam_search(
-    model: BridgeCore, tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"], p: Plan
+    model: BridgeCore,
+    tokens: Int[Tensor, "batch pos"],
+    mask: Int[Tensor, "batch pos"],
+    p: Plan,
+    controllers: list[Any] | None = None,
 ) -> GenerationOutput:
-    """Beam search over a left-padded batch; returns ``num_return_sequences`` best beams per prompt."""
+    """Beam search over a left-padded batch; returns ``num_return_sequences`` best beams per prompt.
+
+    ``controllers`` (one per prompt) mask, force and stop each prompt's beams (see `beam_control`).
+    """
+    if controllers is None:
+        return _search(model, tokens, mask, p, None)
+    nb = p.search.num_beams
+    control = BeamControl([c if j == 0 else own_copy(c) for c in controllers for j in range(nb)])
+    with model.hooks(fwd_hooks=control.hooks, read_only=True):  # what the controllers read
+        return _search(model, tokens, mask, p, control)
+
+
+def _search(
+    model: BridgeCore,
+    tokens: Int[Tensor, "batch pos"],
+    mask: Int[Tensor, "batch pos"],
+    p: Plan,
+    control: BeamControl | None,
+) -> GenerationOutput:
     batch, width = tokens.shape
     nb, max_len, dev = p.search.num_beams, width + p.max_new_tokens, tokens.device
     keep = max(2, 1 + len(p.eos_token_ids)) * nb
@@ -61,6 +92,12 @@ def beam_search(
         raw = logits.float().log_softmax(-1)
         flat_running = running[:, :, :cur].reshape(batch * nb, cur)
         log_probs = s.processors(flat_running, raw, full_mask[:, :cur]) if s.processors else raw
+        if control is not None:
+            alive = running_scores.view(-1) > float("-inf")
+            allowed, stop = control.allowed(logits, flat_running, full_mask[:, :cur], width, t, alive)
+            log_probs = log_probs.masked_fill(~allowed | stop[:, None], float("-inf"))
+            stopped = _stopped(stop.view(batch, nb), running, running_scores, running_origin, running_lp,
+                               cur - width, p)  # fmt: skip
         if not s.greedy:
             log_probs = warp_logits(log_probs, s.temperature, s.top_k, s.top_p, s.min_p, s.typical_p)
         vocab = log_probs.shape[-1]
@@ -98,13 +135,18 @@ def beam_search(
         final += (torch.all(is_finished, dim=-1, keepdim=True) & (p.search.early_stopping is True)).float() * NEG
         final += (~improvable).float() * NEG
         final += (~just_finished) * NEG
-        merged = torch.topk(torch.cat([finished_scores, final], 1), k=nb)[1]
-        finished = _gather(torch.cat([finished, top_seq], 1), merged)
-        finished_scores = _gather(torch.cat([finished_scores, final], 1), merged)
-        finished_origin = _gather(torch.cat([finished_origin, top_origin], 1), merged)
-        finished_lp = _gather(torch.cat([finished_lp, top_lp], 1), merged)
-        finished_reason = _gather(torch.cat([finished_reason, code], 1), merged)
-        is_finished = _gather(torch.cat([is_finished, just_finished], 1), merged)
+        # Candidates for the finished slots: the slots, this step's finished continuations, the stopped beams.
+        pools = [(finished, finished_scores, finished_origin, finished_lp, finished_reason, is_finished),
+                 (top_seq, final, top_origin, top_lp, code, just_finished)]  # fmt: skip
+        if control is not None:
+            seq, score, origin, lp, is_stop = stopped
+            score += (torch.all(is_finished, dim=-1, keepdim=True) & (p.search.early_stopping is True)).float() * NEG
+            score += (~improvable).float() * NEG
+            pools.append((seq, score, origin, lp, torch.full_like(code[:, :nb], CONTROLLER), is_stop))
+        merged = torch.topk(torch.cat([pool[1] for pool in pools], 1), k=nb)[1]
+        finished, finished_scores, finished_origin, finished_lp, finished_reason, is_finished = (
+            _gather(torch.cat([pool[i] for pool in pools], 1), merged) for i in range(6)
+        )
 
         cur += 1
         improvable = _improvable(improvable, running_scores, finished_scores, is_finished, cur, max_len, width, p)
@@ -114,6 +156,8 @@ def beam_search(
 
         beam_idx = running_origin[:, :, t].reshape(-1)
         flat_running = running[:, :, :cur].reshape(batch * nb, cur)
+        if control is not None:
+            control.reorder(beam_idx, flat_running[:, -1])
         if cache is not None:
             cache.reorder_cache(beam_idx)
             key_mask = full_mask[:, :cur] if padded else None
@@ -142,6 +186,17 @@ def beam_search(
     if p.records.on:
         out.logprobs = finished_lp[:, :n].reshape(batch * n, -1)[:, :n_new] * generated
     return out
+
+
+def _stopped(
+    stop: Tensor, running: Tensor, scores: Tensor, origin: Tensor, lp: Tensor, n_new: int, p: Plan
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The beams a controller stopped, as candidates for the finished slots: as they stand, length-penalised.
+
+    Only real beams count (at step 0 every beam but the first is a copy scored `NEG`)."""
+    is_stop = stop & (scores > NEG / 2)
+    final = torch.where(is_stop, scores / (max(n_new, 1) ** p.search.length_penalty), NEG)
+    return running.clone(), final, origin, lp, is_stop
 
 
 def _gather(t: Tensor, index: Int[Tensor, "batch k"]) -> Tensor:
