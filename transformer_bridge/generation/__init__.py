@@ -20,6 +20,7 @@ from ..cache import ActivationCache
 from ..checks import check_int
 from ..core import BridgeCore, Input, NamesFilter
 from . import beams, control, decode, fast, keywords, resolve, speculative, stream
+from . import kv as kvrows
 from .branch import ANY_TOKEN, Branch, View
 from .control import ControllerError
 from .outputs import FINISH_REASONS, FinishReason, GenerationOutput
@@ -263,16 +264,16 @@ def generate(
             mask = mask.repeat_interleave(n, dim=0)
         if drafts is not None:
             out = speculative.generate(model, tokens, mask, p, drafts)
-        elif static:
-            out = fast.generate(model, tokens, mask, p, compile)
         elif request.controller is None:
-            out = decode.generate(model, tokens, mask, p)
+            out = decode.generate(model, tokens, mask, p, static, static and compile)
         else:
             controllers = control.check_controller(request.controller, request.tokens.shape[0], model)
             controllers = [c for c in controllers for _ in range(n)]
             if n > 1:
                 controllers = [control.own_copy(c) for c in controllers]
-            out = control.generate(model, tokens, mask, p, controllers, request.max_steps)
+            length = tokens.shape[1] + p.max_new_tokens + kvrows.SLACK  # a static cache: prompt + new (+ slack)
+            kv = kvrows.StaticKVRows(model, len(tokens), length) if static else None
+            out = control.generate(model, tokens, mask, p, controllers, request.max_steps, kv, static and compile)
 
     cache = decode.recompute_cache(model, out, request.names, request.device) if request.return_cache else None
     if request.text_out:

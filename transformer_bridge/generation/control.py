@@ -36,6 +36,7 @@ from ..checks import ArgumentTypeError, describe
 from ..core import BridgeCore
 from .branch import Branch, View, as_branches, check_branch, samples
 from .engine import Engine, Row, fill_forced_logprobs
+from .kv import KVRows
 from .options import Plan
 from .outputs import FINISH_REASONS, GenerationOutput
 
@@ -73,13 +74,16 @@ def generate(
     p: Plan,
     controllers: list[Any],
     max_steps: int,
+    kv: KVRows | None = None,
+    compile: bool = False,
 ) -> GenerationOutput:
-    """Run the controlled loop over a left-padded batch (one controller per row)."""
+    """Run the controlled loop over a left-padded batch (one controller per row); ``kv`` / ``compile``: the
+    engine's cache (default dynamic) and compiled one-token step (`engine.Engine`)."""
     rows = [Row(i, -1, [t for t, m in zip(ts, ms, strict=True) if m], int(sum(ms)), pending=int(sum(ms)),
                 controller=c)
             for i, (ts, ms, c) in enumerate(zip(tokens.tolist(), mask.tolist(), controllers, strict=True))]  # fmt: skip
     everyone = list(rows)
-    engine = Engine(model, rows, p.pad_token_id, p.use_cache)
+    engine = Engine(model, rows, p.pad_token_id, p.use_cache, kv, compile)
     names = list(dict.fromkeys(n for c in controllers for n in getattr(c, "reads", ())))
     captured: dict[str, Tensor] = {}
     hooks = [(n, _capture(captured, n)) for n in names]

@@ -1,11 +1,18 @@
-"""The KV-cached decode loop: `prefill`, `decode_one_token`, `decode_steps` (the loop, a generator that
-`generate` drains and `generate_stream` iterates), and the `return_cache` recompute.
+"""The tensor driver: `decode_steps` (the plain decode loop, a generator that `generate` drains and
+`generate_stream` iterates), its pieces `prefill` / `decode_one_token` / `decode_full`, and the
+`return_cache` recompute.
 
 Read it top to bottom. Options are resolved once into a `Plan` (`options.plan`, which raises every
-argument error before any forward runs); the loop then only does tensor work plus one host sync per
-step (are all rows done?). The model always gets ``position_ids`` (left padding: ``cumsum(mask) -
-1``) and, when the prompt is padded, the attention mask over cached + new positions, exactly as HF's
-own ``generate`` builds them, so greedy tokens equal HF's.
+argument error before any forward runs); the loop then only does tensor work. The model always gets
+``position_ids`` (left padding: ``cumsum(mask) - 1``) and, when the prompt is padded, the attention mask
+over cached + new positions, exactly as HF's own ``generate`` builds them, so greedy tokens equal HF's.
+
+The KV cache is dynamic (HF's `DynamicCache`; the host looks at the finished rows after every step) or
+static (``cache_implementation="static"`` / ``compile=True``: `kv.StaticKVRows`, preallocated for
+prompt + ``max_new_tokens`` rounded up to a bucket; finished rows and stop conditions stay on the device
+and the host looks every `fast.SYNC_EVERY` steps, every step with a streamer). With ``compile=True`` the
+one-token step is `fast.compiled_step`. Every forward goes through `kv.run_chunk`, as the controlled
+engine's do.
 
 Hooks see ``hook.ctx``: ``phase="prefill"`` (step 0, the whole prompt), then ``phase="decode"`` with
 ``step`` 1, 2, … (one new token per row; ``positions`` its absolute position in its row), and
@@ -24,6 +31,8 @@ from transformers import DynamicCache
 from ..cache import ActivationCache
 from ..core import BridgeCore
 from ..hook_points import HookContext
+from .fast import SYNC_EVERY, bucket_length, compiled_step
+from .kv import make_kv, run_chunk
 from .options import Plan
 from .outputs import FINISH_REASONS, GenerationOutput
 from .stopping import MAX_TIME
@@ -89,10 +98,15 @@ def next_token(
 
 
 def generate(
-    model: BridgeCore, tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"], p: Plan
+    model: BridgeCore,
+    tokens: Int[Tensor, "batch pos"],
+    mask: Int[Tensor, "batch pos"],
+    p: Plan,
+    static: bool = False,
+    compile: bool = False,
 ) -> GenerationOutput:
     """Greedy or sampled decoding of a left-padded batch: `decode_steps` run to the end."""
-    steps = decode_steps(model, tokens, mask, p)
+    steps = decode_steps(model, tokens, mask, p, static, compile)
     while True:
         try:
             next(steps)
@@ -101,33 +115,49 @@ def generate(
 
 
 def decode_steps(
-    model: BridgeCore, tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"], p: Plan
+    model: BridgeCore,
+    tokens: Int[Tensor, "batch pos"],
+    mask: Int[Tensor, "batch pos"],
+    p: Plan,
+    static: bool = False,
+    compile: bool = False,
 ) -> Generator[tuple[Int[Tensor, " batch"], Int[Tensor, " batch"]], None, GenerationOutput]:
     """The decode loop as a generator: yields each step's tokens as soon as they are chosen, returns the output.
 
     Each yield is ``(token [batch], real [batch])``: a finished row gets the pad token and ``real`` 0
     (a view of the output's attention mask). Finished rows are frozen to the pad token; the loop ends
-    when every row has stopped. `generate_stream` iterates it: the next forward runs only when the
-    next token is asked for.
+    when every row has stopped (seen by the host every step with a dynamic cache, every
+    `fast.SYNC_EVERY` steps with a static one: the steps between append padding only and are cut).
+    `generate_stream` iterates it: the next forward runs only when the next token is asked for.
+    ``static`` / ``compile``: the static cache and the compiled one-token step (see the module docstring).
     """
     batch, width = tokens.shape
     total = width + p.max_new_tokens
-    seq = tokens.new_full((batch, total), p.pad_token_id)
+    kv = make_kv(model, batch, total, static) if p.use_cache else None
+    # Static: buffers of the bucket's length, so the mask a step reads spans the whole cache.
+    length = bucket_length(total) if static else total
+    seq = tokens.new_full((batch, length), p.pad_token_id)
     seq[:, :width] = tokens
-    full_mask = mask.new_zeros((batch, total))
+    full_mask = mask.new_zeros((batch, length))
     full_mask[:, :width] = mask
-    positions = mask.new_zeros((batch, total))
+    positions = mask.new_zeros((batch, length))
     positions[:, :width] = (mask.cumsum(-1) - 1).clamp_min(0)
     done = torch.zeros(batch, dtype=torch.bool, device=tokens.device)
     reason = torch.zeros(batch, dtype=torch.long, device=tokens.device)
     records = _Records(p)
     padded = not bool(mask.all())  # no padding: HF's own mask-free (fastest) attention path
-    cache = DynamicCache(config=model.hf_model.config) if p.use_cache else None
+    step_fn = compiled_step(model) if compile else None
+    every = SYNC_EVERY if static and p.streamer is None else 1
     if p.streamer is not None:
         p.streamer.put(tokens.cpu())
 
     n_new = 0
-    logits = prefill(model, tokens, mask, positions[:, :width], cache, padded)
+    real = mask.bool()
+    ctx = HookContext("prefill", 0, positions[:, :width], ~real, torch.zeros_like(real), "prompt")
+    if kv is not None:
+        logits = run_chunk(model, kv, tokens, mask if padded else None, positions[:, :width], ctx, 1)[:, -1]
+    else:
+        logits = _last_logits(model, tokens, mask if padded else None, ctx, None, positions[:, :width])
     with _progress(p) as steps:
         for i in steps:
             cur = width + i
@@ -146,21 +176,26 @@ def decode_steps(
                 p.streamer.put(token.cpu())
             yield token, full_mask[:, cur]
             n_new = i + 1
-            if n_new == p.max_new_tokens or (p.stopping.per_row and bool(done.all())):
+            if n_new == p.max_new_tokens or (p.stopping.per_row and n_new % every == 0 and bool(done.all())):
                 break
             if p.stopping.out_of_time():
                 reason = reason.masked_fill(~done, MAX_TIME)
                 break
-            if cache is not None:
-                logits = decode_one_token(
-                    model, seq[:, cur : cur + 1], positions[:, cur : cur + 1], full_mask[:, cur : cur + 1].bool(),
-                    full_mask[:, : cur + 1] if padded else None, cache, step=i + 1,
-                )  # fmt: skip
+            now = cur + 1
+            if kv is not None:
+                real = full_mask[:, cur:now].bool()
+                ctx = HookContext("decode", i + 1, positions[:, cur:now], ~real, real, "sampled")
+                key_mask = (full_mask if static else full_mask[:, :now]) if padded else None
+                logits = run_chunk(model, kv, seq[:, cur:now], key_mask, positions[:, cur:now], ctx, 1, step_fn)[:, -1]
             else:
-                end = cur + 1
-                logits = decode_full(model, seq[:, :end], positions[:, :end], full_mask[:, :end], width, padded, i + 1)
+                logits = decode_full(model, seq[:, :now], positions[:, :now], full_mask[:, :now], width, padded, i + 1)
     if p.streamer is not None:
         p.streamer.end()
+    # Steps run after every row finished (between two looks of the host) appended padding only: cut them.
+    if every > 1 and p.stopping.per_row and n_new > 1:
+        generated = full_mask[:, width : width + n_new]
+        n_new = int(generated.any(0).nonzero().max()) + 1 if bool(generated.any()) else n_new
+        records.keep(n_new)
 
     return records.finish(
         GenerationOutput(
@@ -248,7 +283,7 @@ class _Records:
             self.scores.append(scores)
 
     def keep(self, n: int) -> None:
-        """Forget the steps after the first ``n`` (the fast loop runs a few steps past the end)."""
+        """Forget the steps after the first ``n`` (a static-cache loop runs a few steps past the end)."""
         for steps in (self.logprobs, self.top_values, self.top_ids, self.logits, self.scores):
             del steps[n:]
 

@@ -14,6 +14,13 @@ order and the KV cache (`KVRows`, each row right-aligned), and does four things:
 
 Positions are absolute per row (``hook.ctx.positions``): a row's first real token is 0 however it
 was padded, rewound or forked, so a position-based hook gives the same result as a fresh run.
+
+The KV cache is dynamic (`kv.KVRows`, the default) or static (`kv.StaticKVRows`: preallocated and
+bucketed; ``compile=True`` then runs `fast.compiled_step` for every forward where each row feeds exactly
+one token, and eager forwards for prompts, forced and uneven chunks). With a static cache a fork or a
+retire copies the rows into the model's cache of the new batch size: each batch size met is one
+compiled graph per bucket, made once per process (a generation that forks into 2, 3, 4 rows compiles
+three graphs the first time, none the next).
 """
 
 import math
@@ -26,7 +33,8 @@ from torch import Tensor
 
 from ..core import BridgeCore
 from ..hook_points import HookContext
-from .kv import KVRows, realignment
+from .fast import compiled_step
+from .kv import KVRows, realignment, run_chunk
 
 
 @dataclass
@@ -89,9 +97,19 @@ class Engine:
         >>> logits, _ = engine.feed(step=0)     # the prompt: [1, d_vocab]
     """
 
-    def __init__(self, model: BridgeCore, rows: list[Row], pad_token_id: int, use_cache: bool = True) -> None:
+    def __init__(
+        self,
+        model: BridgeCore,
+        rows: list[Row],
+        pad_token_id: int,
+        use_cache: bool = True,
+        kv: KVRows | None = None,
+        compile: bool = False,
+    ) -> None:
         self.model, self.rows, self.pad, self.use_cache = model, rows, pad_token_id, use_cache
-        self.kv = KVRows()
+        self.kv = kv if kv is not None else KVRows()
+        # The compiled one-token step (static cache only): steps where every row feeds one token.
+        self.step = compiled_step(model) if compile and self.kv.static else None
         self.device = model.device
         self.real = torch.zeros((len(rows), 0), dtype=torch.bool, device=self.device)  # [batch, key_pos]
         self.forwards = 0
@@ -136,17 +154,16 @@ class Engine:
         ends = torch.tensor([r.column + r.pending - 1 for r in rows])
         columns, which = torch.unique(ends, return_inverse=True)
         keep = 0 if all_logits else 1 if last_column else columns.to(self.device)
-        out = self.model.run_model(
-            chunk, mask.long() if padded else None, ctx, past_key_values=self.kv.cache, position_ids=positions,
-            logits_to_keep=keep,
-        )  # fmt: skip
+        step = self.step if width == 1 and not all_logits else None
+        key_mask = mask.long() if padded else None
+        chunk_logits = run_chunk(self.model, self.kv, chunk, key_mask, positions, ctx, keep, step)
         self.forwards += 1
         self.real = mask
         if last_column:
-            logits = out.logits[:, -1]
+            logits = chunk_logits[:, -1]
         else:
             picked = ends if all_logits else which
-            logits = out.logits[torch.arange(len(rows), device=self.device), picked.to(self.device)]
+            logits = chunk_logits[torch.arange(len(rows), device=self.device), picked.to(self.device)]
         for r in rows:
             if self.use_cache:
                 r.fresh = r.pending
@@ -154,7 +171,7 @@ class Engine:
             r.pending = 0
         if padded:
             self._realign()
-        return logits, (out.logits if all_logits else None)
+        return logits, (chunk_logits if all_logits else None)
 
     def rewind(self, drops: list[int], refeed: list[bool]) -> None:
         """Drop the last ``drops[i]`` tokens of batch row ``i`` (tokens, KV entries and records); where

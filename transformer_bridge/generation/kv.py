@@ -1,21 +1,45 @@
-"""`KVRows`: the only place the controlled engine touches the KV cache.
+"""The KV cache of both decode drivers: `KVRows` (dynamic), `StaticKVRows` (preallocated), and `run_chunk`.
 
-The engine keeps each row's cached entries right-aligned (left padding, as a fresh left-padded batch
-has them), so a row's newest token is always the last column and positions stay ``cumsum(mask) - 1``.
-Every change of shape the engine needs is one of four operations: `select` (drop finished rows, copy
-a row for a fork), `realign` (after a backtrack or an uneven chunk: move each row's kept entries to
-the right, drop columns no row uses), `drop_leading` (columns every row has left) and `clear`
-(``use_cache=False``). A static cache (the fast path) can implement the same on preallocated tensors.
+The controlled engine keeps each row's cached entries right-aligned (left padding, as a fresh
+left-padded batch has them), so a row's newest token is always the last used column and positions stay
+``cumsum(mask) - 1``. Every change of shape the engine needs is one of four operations: `select` (drop
+finished rows, copy a row for a fork), `realign` (after a backtrack or an uneven chunk: move each row's
+kept entries to the right, drop columns no row uses), `drop_leading` (columns every row has left) and
+`clear` (``use_cache=False``). Both caches implement them; the plain loop (`decode.decode_steps`) only
+appends.
 
-HF's ``DynamicCache.crop`` takes a count but cuts every row alike; a per-row rewind is a gather.
-The cache is built without the model config, so sliding-window layers keep every entry: a rewind may
-need entries a window would have dropped, and the window itself is applied by the mask.
+* `KVRows`: HF's `DynamicCache`, which grows by concatenation. HF's ``DynamicCache.crop`` takes a count
+  but cuts every row alike; a per-row rewind is a gather. It is built without the model config, so
+  sliding-window layers keep every entry: a rewind may need entries a window would have dropped, and
+  the window itself is applied by the mask.
+* `StaticKVRows`: HF's `StaticCache` of a fixed length (a `fast.bucket_length` bucket), written in place
+  at ``cache_position`` (the used columns so far: every row writes the same columns, as in the dynamic
+  cache); the attention mask covers the whole bucket, 0 on columns not yet written. Sliding-window
+  layers are full ones here too. The four operations copy into the same preallocated tensors (a compiled
+  step keeps reading the same addresses); a change of batch size (fork, retire) copies into the cache
+  of the new size, and a chunk that would pass the end moves to a longer bucket. Caches are kept per
+  model and (batch, length) and reused by later calls, as the compiled step's graphs are.
+
+`run_chunk` is the one forward over either cache: it adds ``cache_position`` and pads the mask to the
+bucket for a static cache, and runs the compiled one-token step when given one.
 """
 
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
 import torch
-from jaxtyping import Bool, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import StaticLayer
+
+from ..core import BridgeCore
+from ..hook_points import HookContext
+from .fast import COMPILE_SECONDS, RECOMPILE_LIMIT, bucket_length
+
+SLACK = 16  # positions a static cache keeps beyond prompt + max_new_tokens (an uneven or forced chunk)
 
 
 class KVRows:
@@ -27,15 +51,21 @@ class KVRows:
         0
     """
 
-    def __init__(self) -> None:
-        self.cache = DynamicCache()
+    static = False
+
+    def __init__(self, config: Any = None) -> None:
+        # With the model's config HF drops entries older than a sliding window (the plain loop, as HF's
+        # generate); without it every entry stays (the engine: a rewind may need them).
+        self.config = config
+        self.cache = DynamicCache(config=config)
 
     @property
     def length(self) -> int:
+        """Columns in use (every row has this many, padding included)."""
         return self.cache.get_seq_length()
 
     def clear(self) -> None:
-        self.cache = DynamicCache()
+        self.cache = DynamicCache(config=self.config)
 
     def select(self, index: Int[Tensor, " batch"]) -> None:
         """Keep rows ``index`` (repeats copy a row: a fork)."""
@@ -56,8 +86,176 @@ class KVRows:
             layer.keys = layer.keys[:, :, n:]
             layer.values = layer.values[:, :, n:]
 
+    def reserve(self, width: int) -> None:
+        """Make room for ``width`` more columns (a dynamic cache grows by itself)."""
+
+    def key_mask(self, mask: Int[Tensor, "batch key_pos"]) -> Int[Tensor, "batch key_pos"]:
+        """The attention mask over cached + new columns, as the model takes it."""
+        return mask
+
+    def chunk_kwargs(self, width: int) -> dict[str, Any]:
+        """Extra arguments of the forward that appends ``width`` columns."""
+        return {}
+
+    def advance(self, width: int) -> None:
+        """Count ``width`` columns written by a forward (a dynamic cache counts itself)."""
+
     def _layers(self) -> list:
         return [layer for layer in self.cache.layers if layer.is_initialized and layer.keys.numel()]
+
+
+class StaticKVRows(KVRows):
+    """A preallocated `StaticCache` with the same operations as `KVRows`; see the module docstring.
+
+    Example:
+        >>> kv = StaticKVRows(model, batch=2, length=70)   # a 128-column bucket
+        >>> kv.capacity, kv.length
+        (128, 0)
+    """
+
+    static = True
+
+    def __init__(self, model: BridgeCore, batch: int, length: int) -> None:
+        self.model, self.batch, self.used = model, batch, 0
+        self.cache = static_cache(model, batch, bucket_length(length))
+
+    @property
+    def length(self) -> int:
+        return self.used
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.layers[0].max_cache_len
+
+    def clear(self) -> None:
+        self.cache.reset()
+        self.used = 0
+
+    def select(self, index: Int[Tensor, " batch"]) -> None:
+        picked = {i: (layer.keys.index_select(0, index), layer.values.index_select(0, index))
+                  for i, layer in self._numbered()}  # fmt: skip
+        self.batch = len(index)
+        if self.batch:  # the cache of the new batch size (the same object when the size is unchanged)
+            self._move_to(static_cache(self.model, self.batch, self.capacity, reset=False), picked)
+
+    def realign(self, order: Int[Tensor, "batch key_pos"], start: int) -> None:
+        n = self.used
+        for layer in self._layers():
+            for t in (layer.keys, layer.values):
+                idx = order[:, None, start:, None].expand(-1, t.shape[1], -1, t.shape[-1])
+                t[:, :, : n - start] = t[:, :, :n].gather(2, idx)
+        self._set_used(n - start)
+
+    def drop_leading(self, n: int) -> None:
+        m = self.used
+        for layer in self._layers():
+            for t in (layer.keys, layer.values):
+                t[:, :, : m - n] = t[:, :, n:m].clone()
+        self._set_used(m - n)
+
+    def reserve(self, width: int) -> None:
+        """Move to a longer bucket when ``width`` more columns would pass the end (a new compiled graph)."""
+        if self.used + width > self.capacity:
+            n = self.used
+            picked = {i: (layer.keys[:, :, :n], layer.values[:, :, :n]) for i, layer in self._numbered()}
+            self._move_to(static_cache(self.model, self.batch, bucket_length(self.used + width + SLACK)), picked)
+
+    def key_mask(self, mask: Int[Tensor, "batch key_pos"]) -> Int[Tensor, "batch key_pos"]:
+        if mask.shape[1] == self.capacity:  # already over the whole cache (the plain loop's buffer)
+            return mask
+        full = mask.new_zeros((mask.shape[0], self.capacity))
+        full[:, : mask.shape[1]] = mask
+        return full
+
+    def chunk_kwargs(self, width: int) -> dict[str, Any]:
+        device = self.model.device
+        return {"cache_position": torch.arange(self.used, self.used + width, device=device)}
+
+    def advance(self, width: int) -> None:
+        self.used += width  # HF's layers count their own `cumulative_length`
+
+    def _numbered(self) -> list[tuple[int, Any]]:
+        return [(i, layer) for i, layer in enumerate(self.cache.layers) if layer.is_initialized]
+
+    def _move_to(self, cache: StaticCache, picked: dict[int, tuple[Tensor, Tensor]]) -> None:
+        for i, (keys, values) in picked.items():
+            layer = cache.layers[i]
+            if not layer.is_initialized:
+                layer.lazy_initialization(keys, values)
+            n = keys.shape[2]
+            layer.keys[:, :, :n] = keys
+            layer.values[:, :, :n] = values
+        self.cache = cache
+        self._set_used(self.used)
+
+    def _set_used(self, n: int) -> None:
+        self.used = n
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(n)  # where HF's `StaticLayer.update` writes next
+
+
+def make_kv(model: BridgeCore, batch: int, length: int, static: bool) -> KVRows:
+    """The plain loop's cache for ``batch`` rows of up to ``length`` positions: static (bucketed), or
+    dynamic with the model's config (sliding-window layers keep their window, as in HF's generate)."""
+    return StaticKVRows(model, batch, length) if static else KVRows(model.hf_model.config)
+
+
+def run_chunk(
+    model: BridgeCore,
+    kv: KVRows,
+    tokens: Int[Tensor, "batch chunk"],
+    mask: Int[Tensor, "batch key_pos"] | None,
+    positions: Int[Tensor, "batch chunk"],
+    ctx: HookContext,
+    keep: int | Tensor,
+    step: Callable | None = None,
+) -> Float[Tensor, "batch kept d_vocab"]:
+    """One forward of ``tokens`` over ``kv`` (appending them); the logits of the kept positions.
+
+    ``mask`` covers cached + new columns (None: no padding anywhere, HF's fastest path); ``keep`` is
+    ``logits_to_keep``. ``step``: a compiled one-token step (`fast.compiled_step`), used when the chunk is
+    one token per row over a static cache; every other chunk runs eagerly.
+    """
+    width = tokens.shape[1]
+    kv.reserve(width)
+    key_mask = None if mask is None else kv.key_mask(mask)
+    extra = kv.chunk_kwargs(width)
+    if step is not None and kv.static and width == 1:
+        start = time.perf_counter()
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            logits = step(model, tokens, positions, key_mask, kv.cache, extra["cache_position"], ctx)[:, None]
+        COMPILE_SECONDS.setdefault((tokens.shape[0], kv.capacity), time.perf_counter() - start)
+    else:
+        out = model.run_model(tokens, key_mask, ctx, past_key_values=kv.cache, position_ids=positions,
+                              logits_to_keep=keep, **extra)  # fmt: skip
+        logits = out.logits
+    kv.advance(width)
+    return logits
+
+
+# Per model (by id, checked through a weak reference): its static caches by (batch, length).
+_CACHES: dict[int, tuple[weakref.ref, dict[tuple[int, int], StaticCache]]] = {}
+
+
+def static_cache(model: BridgeCore, batch: int, length: int, reset: bool = True) -> StaticCache:
+    """The model's static cache of this shape, made once and reused (reset unless ``reset=False``)."""
+    entry = _CACHES.get(id(model))
+    if entry is None or entry[0]() is not model:
+        entry = (weakref.ref(model), {})
+        _CACHES[id(model)] = entry
+    caches = entry[1]
+    cache = caches.get((batch, length))
+    if cache is None:
+        cache = StaticCache(config=model.hf_model.config, max_cache_len=length)
+        # Sliding-window layers as full ones (the mask applies the window): HF's sliding static layer keeps
+        # its length as a Python int, which a compiled step would be re-traced for at every step, and a
+        # rewind may need entries a window would have dropped.
+        cache.layers = [StaticLayer(max_cache_len=length) if getattr(layer, "is_sliding", False) else layer
+                        for layer in cache.layers]  # fmt: skip
+        caches[(batch, length)] = cache
+    elif reset:
+        cache.reset()
+    return cache
 
 
 def realignment(real: Bool[Tensor, "batch key_pos"]) -> tuple[Int[Tensor, "batch key_pos"], int]:
