@@ -1,0 +1,61 @@
+"""`HookContext`: what the chunk of tokens a hook sees is (``hook.ctx``), in a forward or a generation step."""
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+Phase = Literal["forward", "prefill", "decode", "recompute"]
+
+
+@dataclass(frozen=True)
+class HookContext:
+    """What the chunk of tokens a hook sees is, during a forward or a generation step.
+
+    Attributes:
+        phase: ``"forward"`` (a plain forward), ``"prefill"``, ``"decode"`` (one new token per row with
+            the KV cache) or ``"recompute"`` (the cache-building forward after generation).
+        step: decode step (0 at prefill and in a plain forward).
+        positions: ``[batch, chunk]`` absolute position of each token in its own row; left padding is
+            accounted for, so a row's first real token is 0 (padding gets 0 too, see `pad_mask`).
+        pad_mask: ``[batch, chunk]`` True where the token is left padding.
+        is_generated: ``[batch, chunk]`` True where the token was produced by `generate`.
+        kind: what the chunk holds: ``"forward"``, ``"prompt"``, ``"sampled"`` (tokens just sampled),
+            ``"forced"`` (tokens a controller appended without sampling: k of them in one forward),
+            ``"refeed"`` (a row's last kept token again, after a backtrack), ``"recompute"`` (a whole
+            row again, ``use_cache=False``), ``"verify"`` (speculative decoding: each row's last token
+            and its drafts; rejected ones are rolled back), or ``"mixed"`` when rows differ (see
+            ``row_kinds``).
+        row_kinds: one of those per row of the batch, in a controlled `generate` (else empty).
+        rows: the output row each batch row is, in a controlled `generate` (forks add rows; finished
+            rows leave the batch), else empty.
+
+    Example:
+        >>> def only_position_5(resid, hook):
+        ...     keep = (hook.ctx.positions == 5)[..., None]
+        ...     return resid * ~keep
+    """
+
+    phase: Phase
+    step: int
+    positions: Tensor
+    pad_mask: Tensor
+    is_generated: Tensor
+    kind: str = "forward"
+    row_kinds: tuple[str, ...] = ()
+    rows: tuple[int, ...] = ()
+
+    @staticmethod
+    def from_mask(
+        attention_mask: Tensor, phase: Phase = "forward", step: int = 0, n_prompt: Tensor | None = None
+    ) -> "HookContext":
+        """Context for a whole (left-padded) sequence given its 0/1 attention mask."""
+        real = attention_mask.bool()
+        positions = (real.long().cumsum(-1) - 1).clamp_min(0)
+        if n_prompt is None:
+            generated = torch.zeros_like(real)
+        else:
+            generated = positions >= n_prompt.to(positions.device)[:, None]
+            generated &= real
+        return HookContext(phase, step, positions, ~real, generated)
