@@ -254,26 +254,30 @@ def generate(
     request = resolve.prepare(model, locals())  # every argument above, by name
     p, tokens, mask = request.plan, request.tokens, request.mask
     n = p.search.num_return_sequences
-    drafts = speculative.drafter(model, request.speculation, p, request.controller)
+    drafts = speculative.drafter(model, request.speculation, p)
     static = fast.check(model, request.cache_implementation, request.compile, p, request.controller, drafts)
     if p.search.num_beams > 1:
-        out = beams.beam_search(model, tokens, mask, p)
+        controllers = None
+        if request.controller is not None:  # masks, forced tokens and stops, per beam (`beam_control`)
+            controllers = control.check_controller(request.controller, request.tokens.shape[0], model)
+        out = beams.beam_search(model, tokens, mask, p, controllers)
     else:
         if n > 1:
             tokens = tokens.repeat_interleave(n, dim=0)
             mask = mask.repeat_interleave(n, dim=0)
-        if drafts is not None:
-            out = speculative.generate(model, tokens, mask, p, drafts)
-        elif request.controller is None:
+        if request.controller is None and drafts is None:
             out = decode.generate(model, tokens, mask, p, static, static and compile)
-        else:
-            controllers = control.check_controller(request.controller, request.tokens.shape[0], model)
-            controllers = [c for c in controllers for _ in range(n)]
-            if n > 1:
-                controllers = [control.own_copy(c) for c in controllers]
+        else:  # the row driver: a controller, speculative decoding (`drafts`), or both
+            controllers = [None] * len(tokens)
+            if request.controller is not None:
+                controllers = control.check_controller(request.controller, request.tokens.shape[0], model)
+                controllers = [c for c in controllers for _ in range(n)]
+                if n > 1:
+                    controllers = [control.own_copy(c) for c in controllers]
             length = tokens.shape[1] + p.max_new_tokens + kvrows.SLACK  # a static cache: prompt + new (+ slack)
             kv = kvrows.StaticKVRows(model, len(tokens), length) if static else None
-            out = control.generate(model, tokens, mask, p, controllers, request.max_steps, kv, static and compile)
+            steps = request.max_steps if request.controller is not None else None
+            out = control.generate(model, tokens, mask, p, controllers, steps, kv, static and compile, drafts)
 
     cache = decode.recompute_cache(model, out, request.names, request.device) if request.return_cache else None
     if request.text_out:
