@@ -1,10 +1,19 @@
-"""Speculative decoding (prompt lookup, an assistant model) against the plain loop and exact probabilities."""
+"""Speculative decoding (prompt lookup, an assistant model) against the plain loop and exact probabilities,
+with per-row acceptance, hooks, controllers and grammars."""
+
+import re
 
 import pytest
 import torch
 from conftest import FAMILIES, V, make_bridge
+from test_control import Script, mixed_script
+
+from transformer_bridge import Branch
 
 PROMPTS = ["Hello world, this is", "Hi", "The cat sat"]
+# GQA, learned positions, two sliding-window families (windows of 4 tokens).
+SOME = ["llama", "gpt2", "gemma3_text", "starcoder2"]
+REPEATING = ["abcabcabcab", "Hi", "The cat sat on the mat, the cat sat"]  # prompt lookup finds drafts here
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -142,6 +151,186 @@ def test_speculative_sampling_matches_the_model_distribution():
         assert tv <= torch.stack(null).quantile(0.999) * 1.1, (col, tv)
     # And the drafts were accepted often enough to matter: the sampled tokens differ from the argmax.
     assert (draws[:, 1] == p2.argmax(-1)[draws[:, 0]]).float().mean() > 0.2
+
+
+# -- per-row acceptance, positions -------------------------------------------------------------------------
+class Fed:
+    """Per forward: the kind, and per batch row its output row, real positions and the tokens fed (read back
+    from ``hook_embed``, which is ``W_E[token]`` on every family)."""
+
+    def __init__(self, model) -> None:
+        self.model, self.seen = model, []
+
+    def __call__(self, x, hook):
+        ctx = hook.ctx
+        real = ~ctx.pad_mask
+        fed = [(x[b][real[b]] @ self.model.W_E.T).argmax(-1).tolist() for b in range(x.shape[0])]
+        self.seen.append((ctx.kind, ctx.rows, [p[r].tolist() for p, r in zip(ctx.positions, real, strict=True)], fed))
+
+
+class NoRepeat:
+    """Bans the previous token while the row has 4 to 9 generated tokens: drafts copying a cycle fail there."""
+
+    def __call__(self, view):
+        if 4 <= len(view.generated) < 10:
+            allowed = torch.ones(view.logits.shape[-1], dtype=torch.bool)
+            allowed[view.generated[-1]] = False
+            return Branch.sample(allowed)
+        return None
+
+
+def _advances(fed: Fed, out) -> list[dict[int, int]]:
+    """Checks each fed chunk's positions against the output; returns per round how far each row advanced."""
+    rows = [seq[m.bool()].tolist() for seq, m in zip(out.sequences, out.attention_mask, strict=True)]
+    advances, last = [], {}
+    for kind, ids, positions, tokens_fed in fed.seen[1:]:
+        assert kind in ("verify", "sampled", "mixed")
+        step = {}
+        for row, pos, toks in zip(ids, positions, tokens_fed, strict=True):
+            assert pos == list(range(pos[0], pos[0] + len(pos)))  # contiguous, absolute
+            assert toks[0] == rows[row][pos[0]]  # the chosen token: always kept, at its position
+            if row in last:
+                step[row] = pos[0] - last[row]
+            last[row] = pos[0]
+        advances.append(step)
+    return advances
+
+
+@pytest.mark.parametrize("family", SOME)
+def test_rows_accept_different_counts_at_their_absolute_positions(family):
+    """Greedy tokens equal the plain loop's (with and without a controller); in one verify forward rows accept
+    different numbers of drafts; every fed chunk sits at the row's absolute positions, and its first token is
+    the output's token there."""
+    model = make_bridge(family)
+    tokens, mask = batch(model, REPEATING)
+    kw = dict(attention_mask=mask, max_new_tokens=24, return_dict=True)
+    plain = model.generate(tokens, **kw)
+    controllers = [lambda v: None, NoRepeat(), lambda v: None]
+    controlled = model.generate(tokens, controller=controllers, **kw)
+    assert torch.equal(controlled.sequences[[0, 2]], plain.sequences[[0, 2]])
+    for reference, extra in ((plain, {}), (controlled, {"controller": controllers})):
+        fed = Fed(model)
+        with model.hooks(fwd_hooks=[("hook_embed", fed)]):
+            fast = model.generate(tokens, prompt_lookup_num_tokens=4, **kw, **extra)
+        assert same(fast, reference)
+        assert len(fed.seen) < 24  # fewer forwards than tokens per row
+        advances = _advances(fed, fast)
+        assert any(v > 1 for a in advances for v in a.values())  # drafts were accepted
+    assert any(len(set(a.values())) > 1 for a in advances)  # per-row acceptance: row 1's drafts fail
+
+
+# -- controllers and grammars apply to drafts ---------------------------------------------------------------
+@pytest.mark.parametrize("family", SOME)
+def test_a_controller_sees_the_same_views_and_gives_the_same_tokens(family):
+    """Backtrack, fast-forward and fork (test_control's script) with speculation: the controller is asked
+    at the same tokens with the same logits, and the output is the one without speculation."""
+    model = make_bridge(family)
+    tokens, mask = batch(model)
+    runs = []
+    for k in (None, 3):
+        c = Script(mixed_script())
+        out = model.generate(tokens, attention_mask=mask, max_new_tokens=12, controller=c, return_dict=True,
+                             prompt_lookup_num_tokens=k)  # fmt: skip
+        runs.append((out, c.views))
+    (a, va), (b, vb) = runs
+    # Rows 1 and 2 backtrack in a loop until the step budget, which counts forwards: speculation needs fewer
+    # of them, so those rows get further. Every other row finishes on its own and must be the same.
+    assert a.parents == b.parents and len(a) > 3 and a.finish_reasons == b.finish_reasons
+    keep = [i for i, r in enumerate(a.finish_reasons) if r != "max_steps"]
+    assert len(keep) >= 3 and torch.equal(a.sequences[keep], b.sequences[keep])
+    torch.testing.assert_close(a.logprobs[keep], b.logprobs[keep], atol=1e-4, rtol=0, equal_nan=True)
+    va, vb = (sorted((v for v in views if v.row in keep), key=lambda v: v.row) for views in (va, vb))
+    assert [(v.row, v.tokens, v.backtracked, v.appended) for v in va] == [
+        (v.row, v.tokens, v.backtracked, v.appended) for v in vb
+    ]
+    for x, y in zip(va, vb, strict=True):
+        torch.testing.assert_close(x.logits, y.logits, atol=1e-4, rtol=0)
+
+
+def test_a_mask_applies_to_drafts_and_forced_drafts_are_free():
+    """A controller that bans a token and forces a phrase: drafts that hold the banned token are rejected,
+    the phrase costs no forward of its own when the drafts already hold it, and the tokens are the plain ones."""
+    model = make_bridge("llama")
+    tokens = model.to_tokens("abcabcabcabcab")
+    free = model.generate(tokens, max_new_tokens=20, stop_at_eos=False)
+    banned = free[0, tokens.shape[1] + 3].item()  # a token greedy decoding produces
+    phrase = free[0, tokens.shape[1] + 6 : tokens.shape[1] + 9].tolist()
+
+    class Ban:
+        def __call__(self, view):
+            if len(view.generated) == 6:
+                return Branch.forced(phrase)
+            allowed = torch.ones(V, dtype=torch.bool)
+            allowed[banned] = False
+            return Branch.sample(allowed)
+
+    outs, forwards = [], []
+    for k in (None, 4):
+        seen = []
+        with model.hooks(fwd_hooks=[("hook_embed", lambda x, hook, seen=seen: seen.append(hook.ctx.kind))]):
+            outs.append(model.generate(tokens, max_new_tokens=20, stop_at_eos=False, controller=Ban(),
+                                       prompt_lookup_num_tokens=k, return_dict=True))  # fmt: skip
+        forwards.append(seen)
+    assert torch.equal(outs[0].sequences, outs[1].sequences)
+    assert banned not in outs[1].new_tokens[0].tolist()
+    assert "forced" in forwards[0] and len(forwards[1]) < len(forwards[0])
+
+
+@pytest.mark.parametrize("family", SOME)
+def test_grammars_with_speculation_give_the_same_tokens(family):
+    pytest.importorskip("llguidance")
+    from test_grammar import PATTERN, SCHEMA
+
+    from transformer_bridge import grammar
+
+    model = make_bridge(family)
+    for make, n in ((lambda: grammar.regex(PATTERN), 40), (lambda: grammar.json_schema(SCHEMA), 60)):
+        forwards = []
+        for k in (None, 4):
+            seen = []
+            with model.hooks(fwd_hooks=[("hook_embed", lambda x, hook, seen=seen: seen.append(1))]):
+                out = model.generate(PROMPTS[:2], max_new_tokens=n, controller=make(), return_dict=True,
+                                     prompt_lookup_num_tokens=k)  # fmt: skip
+            forwards.append((out, len(seen)))
+        (plain, n_plain), (fast, n_fast) = forwards
+        assert same(fast, plain) and n_fast <= n_plain
+        texts = [t[len(p) :] for t, p in zip(fast.text, PROMPTS, strict=False)]
+        if n == 40:
+            assert fast.finish_reasons == ["controller"] * 2
+            assert all(re.fullmatch(PATTERN, t) for t in texts), texts
+        else:
+            assert all(t.startswith('{"n":') for t in texts), texts  # a long integer may hit the length first
+
+
+def test_max_steps_and_stream_with_speculation():
+    """A budget that ends mid-generation leaves no unverified draft in the output; a streamer gets the plain
+    loop's columns."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.puts, self.ended = [], False
+
+        def put(self, value):
+            self.puts.append(value.clone())
+
+        def end(self):
+            self.ended = True
+
+    model = make_bridge("llama")
+    tokens, mask = batch(model, REPEATING)
+    plain = model.generate(tokens, attention_mask=mask, max_new_tokens=20, return_dict=True)
+    out = model.generate(tokens, attention_mask=mask, max_new_tokens=20, return_dict=True, max_steps=3,
+                         controller=lambda v: None, prompt_lookup_num_tokens=4)  # fmt: skip
+    assert out.finish_reasons == ["max_steps"] * 3
+    for i in range(3):
+        n = int(out.new_lengths[i])
+        assert 0 < n < 20 and torch.equal(out.new_tokens[i, :n], plain.new_tokens[i, :n])
+    streams = [Collect(), Collect()]
+    model.generate(tokens, attention_mask=mask, max_new_tokens=20, streamer=streams[0])
+    model.generate(tokens, attention_mask=mask, max_new_tokens=20, streamer=streams[1], prompt_lookup_num_tokens=4)
+    a, b = (s.puts for s in streams)
+    assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True)) and streams[1].ended
 
 
 # -- errors ------------------------------------------------------------------------------------------------

@@ -18,6 +18,16 @@ Counting: ``max_new_tokens`` bounds each row's generated tokens *as they stand* 
 no longer counts; forced tokens count); ``max_steps`` bounds the forwards after the prompt, so a
 controller that keeps backtracking ends (finish reason ``"max_steps"``).
 
+Speculative decoding runs here too (``drafts``, with or without a controller): after a row's tokens are
+appended, its drafter proposes up to k more, fed with them in the same forward (kind ``"verify"``).
+The row then walks the chunk's logits position by position exactly as if each were a one-token step
+(processors, the controller's view and mask, the choice), accepting while the choice is the draft; at
+the first disagreement it rewinds its own rejected drafts and appends the chosen token. Tokens the
+controller forces that the drafts already hold cost nothing; others are appended as forced tokens.
+
+Records (``return_dict=True``: ``logprobs``, ``top_logprobs``, ``output_logits``, ``output_scores``) are
+kept per generated token and cut with the row (`records.RowRecords`).
+
 Example:
     >>> def no_e(view):                      # never sample "e"
     ...     return Branch.sample(banned_e)
@@ -29,16 +39,19 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..checks import ArgumentTypeError, describe
 from ..core import BridgeCore
 from .branch import Branch, View, as_branches, check_branch, samples
-from .engine import Engine, Row, fill_forced_logprobs
+from .engine import Engine, Row
 from .kv import KVRows
 from .options import Plan
 from .outputs import FINISH_REASONS, GenerationOutput
+from .records import RowRecords
+from .sampling import warp_logits
+from .speculative import Assistant, PromptLookup, verify
 
 _QUERY_AXIS_2 = ("hook_pattern", "hook_attn_scores")  # [batch, head, query_pos, key_pos]
 
@@ -67,150 +80,341 @@ def check_controller(controller: Any, batch: int, model: BridgeCore) -> list[Any
     return [own_copy(c) for c in (bound if given else bound * batch)]
 
 
+_FREE = Branch.sample()  # what a row without a controller does at every position
+
+
 def generate(
     model: BridgeCore,
     tokens: Int[Tensor, "batch pos"],
     mask: Int[Tensor, "batch pos"],
     p: Plan,
     controllers: list[Any],
-    max_steps: int,
+    max_steps: int | None,
     kv: KVRows | None = None,
     compile: bool = False,
+    drafts: PromptLookup | Assistant | None = None,
 ) -> GenerationOutput:
-    """Run the controlled loop over a left-padded batch (one controller per row); ``kv`` / ``compile``: the
-    engine's cache (default dynamic) and compiled one-token step (`engine.Engine`)."""
+    """Run the row driver over a left-padded batch: one controller per row (None: sample freely, as the
+    plain loop), speculative with ``drafts``; ``max_steps`` (None: no bound) counts forwards after the prompt.
+    ``kv`` and ``compile``: the engine's KV cache (default dynamic) and compiled one-token step (`Engine`)."""
     rows = [Row(i, -1, [t for t, m in zip(ts, ms, strict=True) if m], int(sum(ms)), pending=int(sum(ms)),
                 controller=c)
             for i, (ts, ms, c) in enumerate(zip(tokens.tolist(), mask.tolist(), controllers, strict=True))]  # fmt: skip
     everyone = list(rows)
     engine = Engine(model, rows, p.pad_token_id, p.use_cache, kv, compile)
-    names = list(dict.fromkeys(n for c in controllers for n in getattr(c, "reads", ())))
+    names = list(dict.fromkeys(n for c in controllers if c is not None for n in getattr(c, "reads", ())))
     captured: dict[str, Tensor] = {}
     hooks = [(n, _capture(captured, n)) for n in names]
-    step = 0
+    driver = _Driver(engine, p, drafts, captured)
+    stream = _Stream(p.streamer, tokens, p.pad_token_id) if p.streamer is not None else None
     with model.hooks(fwd_hooks=hooks, read_only=True):
         while engine.rows:
-            all_logits = p.records.on and any(r.kind == "forced" and r.pending > 1 for r in engine.rows)
-            logits, chunk_logits = engine.feed(step, all_logits)
-            if chunk_logits is not None:
-                fill_forced_logprobs(engine.rows, chunk_logits)
-            decisions = [_decide(r, i, step, logits, captured) for i, r in enumerate(engine.rows)]
-            everyone += _apply(engine, decisions, logits, p, step, len(everyone))
-            step += 1
+            everyone += driver.round(len(everyone))
             if p.stopping.out_of_time():
-                _finish_all(engine.rows, "max_time")
-            elif step > max_steps:
-                _finish_all(engine.rows, "max_steps")
+                driver.finish_all("max_time")
+            elif max_steps is not None and driver.step > max_steps:
+                driver.finish_all("max_steps")
+            if stream is not None:
+                stream.flush(everyone, driver.drafted)
             engine.retire()
-    return _output(everyone, tokens.shape[1], p, tokens.device)
+    if stream is not None:
+        stream.flush(everyone, driver.drafted, final=True)
+    controlled = any(c is not None for c in controllers)
+    return _output(everyone, tokens.shape[1], p, tokens.device, driver.records, controlled)
 
 
-def _decide(row: Row, i: int, step: int, logits: Tensor, captured: dict[str, Tensor]) -> list[Branch]:
-    if row.deferred is not None:
-        branch, row.deferred = row.deferred, None
-        return [branch]
-    reads = {name: _newest(t[i], name, row.column, row.fresh) for name, t in captured.items()}
-    view = View(row.id, step, list(row.tokens), row.prompt_length, row.branch, row.parent, row.backtracked,
-                list(row.appended), logits[i], reads)  # fmt: skip
+class _Append:
+    """What a verify walk appends once its row's rejected drafts are rewound: the chosen token (or the
+    forced tokens the drafts did not hold), with the logits and scores of the position it takes."""
+
+    def __init__(self, tokens: list[int], logits: Tensor, scores: Tensor | None) -> None:
+        self.tokens, self.logits, self.scores = tokens, logits, scores
+
+
+class _Driver:
+    """The rounds of one generation: feed every row's pending tokens, decide each row (walking its verify
+    chunk when it has drafts), apply the decisions, draft."""
+
+    def __init__(self, engine: Engine, p: Plan, drafts: Any, captured: dict[str, Tensor]) -> None:
+        self.engine, self.p, self.drafts, self.captured = engine, p, drafts, captured
+        self.records = RowRecords(p)
+        self.drafted: dict[int, int] = {}  # row id → drafts at the end of its tokens, fed but not yet verified
+        self.step = 0
+
+    def round(self, next_id: int) -> list[Row]:
+        """One forward and what follows it; returns the rows forked in it."""
+        engine, p = self.engine, self.p
+        rows = engine.rows
+        chunk_needed = any(r.kind == "verify" for r in rows) or (
+            p.records.on and any(r.kind == "forced" and r.pending > 1 for r in rows)
+        )
+        logits, chunk = engine.feed(self.step, chunk_needed)
+        if chunk is not None and p.records.on:
+            self._forced_records(chunk)
+        decisions: list[list[Branch] | None] = []
+        drops, at, appends = [0] * len(rows), {}, []
+        for i, r in enumerate(rows):
+            m = self.drafted.pop(r.id, 0)
+            if not m:
+                decisions.append(self._decide(r, i, logits))
+                continue
+            drops[i], outcome = self._walk(r, i, chunk, m)
+            if isinstance(outcome, tuple):  # a decision the walk does not take itself: `_apply` at that position
+                decisions.append(outcome[0])
+                at[i] = outcome[1]
+                continue
+            decisions.append(None)
+            if outcome is not None:
+                appends.append((r, outcome))
+        engine.rewind(drops, [False] * len(rows))
+        for r, a in appends:
+            first = _logprob(a.logits, a.tokens[0]) if p.records.on else math.nan
+            self.records.put(r.id, len(r.generated), a.logits, a.scores)
+            r.append(a.tokens, "sampled" if len(a.tokens) == 1 else "forced", first)
+            _stop(r, p, (a.scores if a.scores is not None else a.logits.float())[None])
+            _appended(r)
+        if at:
+            logits = logits.clone()
+            for i, row_logits in at.items():
+                logits[i] = row_logits
+        forks = self._apply(decisions, logits, next_id)
+        self._propose()
+        self.step += 1
+        return forks
+
+    def finish_all(self, reason: str) -> None:
+        for r in self.engine.rows:
+            if r.finish is None:
+                r.finish = reason
+                m = self.drafted.pop(r.id, 0)
+                if m:  # drafts fed but never verified leave no trace
+                    _cut(r, len(r.tokens) - m)
+
+    # -- deciding ----------------------------------------------------------------------------------------
+    def _decide(self, row: Row, i: int, logits: Tensor) -> list[Branch]:
+        if row.deferred is not None:
+            branch, row.deferred = row.deferred, None
+            return [branch]
+        if row.controller is None:
+            return [_FREE]
+        reads = {name: _newest(t[i], name, row.column, row.fresh) for name, t in self.captured.items()}
+        view = View(row.id, self.step, list(row.tokens), row.prompt_length, row.branch, row.parent, row.backtracked,
+                    list(row.appended), logits[i], reads)  # fmt: skip
+        return _ask(row, view)
+
+    def _walk(self, r: Row, i: int, chunk: Tensor, m: int) -> tuple[int, Any]:
+        """Verify row ``r``'s ``m`` drafts: each position as a one-token step would see it. Returns the drafts to
+        rewind and then an `_Append`, ``(branches, logits)`` for `_apply`, or None (the row finished)."""
+        p = self.p
+        first, fed = len(r.tokens) - m, len(r.tokens) - r.fresh
+        drafts = r.tokens[first:]
+        j, appended, backtracked = 0, list(r.appended), r.backtracked
+        while True:
+            pos = first + j  # this step chooses the token at index `pos`; the logits of index pos - 1 predict it
+            lg = chunk[i, r.column + pos - fed - 1]
+            if r.controller is None:
+                branches = [_FREE]
+            else:
+                reads = {name: _newest(t[i], name, r.column + pos - len(appended) - fed, len(appended))
+                         for name, t in self.captured.items()}  # fmt: skip
+                view = View(r.id, self.step, r.tokens[:pos], r.prompt_length, r.branch, r.parent, backtracked,
+                            list(appended), lg, reads)  # fmt: skip
+                branches = _ask(r, view)
+            b = branches[0] if len(branches) == 1 else None
+            if b is None or b.backtrack or (samples(b) and len(b.ff_tokens)):
+                return m - j, (branches, lg)  # stop, fork, backtrack: as without drafts, at this position
+            where = f"The controller's branch for row {r.id} at step {self.step}"
+            allowed = check_branch(b, pos - r.prompt_length, lg.shape[-1], where)
+            if samples(b):
+                scores = self._processed(r.tokens[:pos], r.prompt_length, lg)
+                token, scores, accepted = verify(scores, drafts[j] if j < m else None, allowed, p.sampling)
+                if not accepted:
+                    return m - j, _Append([token], lg, scores)
+                if self._accept(r, pos, lg, scores):
+                    return 0, None
+                j, appended, backtracked = j + 1, [token], 0
+                continue
+            forced = [int(t) for t in b.ff_tokens[0]]
+            same = 0  # forced tokens the drafts already hold: fed and verified for free
+            while same < len(forced) and j + same < m and drafts[j + same] == forced[same]:
+                same += 1
+            for t in range(same + 1):
+                lg = chunk[i, r.column + pos + t - fed - 1]
+                scores = self._free_scores(r.tokens[: pos + t], r.prompt_length, lg) if self.records.on else None
+                if t == same:
+                    break
+                if self._accept(r, pos + t, lg, scores):
+                    return 0, None
+            if same < len(forced):
+                return m - j - same, _Append(forced[same:], lg, scores)
+            j, appended, backtracked = j + same, forced, 0
+
+    def _accept(self, r: Row, pos: int, logits: Tensor, scores: Tensor | None) -> bool:
+        """Token ``pos`` of ``r`` (a draft) is kept: record it; whether the row stops there."""
+        g = pos - r.prompt_length
+        if self.p.records.on:
+            r.logprobs[g] = _logprob(logits, r.tokens[pos])
+        self.records.put(r.id, g, logits, scores)
+        reason = _stops_at(r, self.p, pos + 1, scores if scores is not None else logits.float())
+        if reason is not None:
+            _cut(r, pos + 1)
+            r.finish = reason
+            return True
+        return False
+
+    def _processed(self, tokens: list[int], prompt_length: int, logits: Tensor) -> Tensor:
+        """The processors see the row as the plain loop would (`_as_plain_row`)."""
+        scores = logits.float()
+        if not self.p.sampling.processors:
+            return scores
+        ids, mask = _as_plain_row(tokens, prompt_length, self.p)
+        return self.p.sampling.processors(ids.to(scores.device), scores[None], mask.to(scores.device))[0]
+
+    def _free_scores(self, tokens: list[int], prompt_length: int, logits: Tensor) -> Tensor:
+        """What the loop would draw from at this position without a mask: a forced token's ``scores``."""
+        s = self.p.sampling
+        scores = self._processed(tokens, prompt_length, logits)
+        if s.greedy:
+            return scores
+        return warp_logits(scores[None], s.temperature, s.top_k, s.top_p, s.min_p, s.typical_p)[0]
+
+    def _forced_records(self, chunk: Float[Tensor, "batch chunk d_vocab"]) -> None:
+        """Records of forced tokens after the first, from the forward that fed them (logits at t predict t + 1)."""
+        for i, r in enumerate(self.engine.rows):
+            a = len(r.appended)
+            if r.kind not in ("forced", "verify") or a < 2:
+                continue
+            fed, end = len(r.tokens) - r.fresh, len(r.tokens) - self.drafted.get(r.id, 0)
+            for t in range(max(end - a + 1, fed + 1, r.prompt_length), end):
+                lg = chunk[i, r.column + t - fed - 1]
+                g = t - r.prompt_length
+                r.logprobs[g] = _logprob(lg, r.tokens[t])
+                if self.records.on:
+                    scores = self._free_scores(r.tokens[:t], r.prompt_length, lg) if self.records.keep_scores else None
+                    self.records.put(r.id, g, lg, scores)
+
+    # -- applying ----------------------------------------------------------------------------------------
+    def _apply(self, decisions: list[list[Branch] | None], logits: Tensor, next_id: int) -> list[Row]:
+        """Apply each row's branches (None: the walk already did): stop, fork, rewind, then sample or append.
+        Returns the new (forked) rows."""
+        engine, p = self.engine, self.p
+        d_vocab = logits.shape[-1]
+        masks: list[list[Tensor | None]] = []
+        for r, branches in zip(engine.rows, decisions, strict=True):
+            where = f"The controller's branch for row {r.id} at step {self.step}"
+            masks.append([check_branch(b, len(r.generated), d_vocab, where) for b in branches or ()])
+        sources, forks, plan = [], [], []  # plan: (batch row, branch, mask) for every row that continues
+        for i, (r, branches) in enumerate(zip(engine.rows, decisions, strict=True)):
+            if branches is None:
+                continue
+            if not branches:
+                r.finish = "controller"
+                continue
+            plan.append((i, branches[0], masks[i][0]))
+            for j, b in enumerate(branches[1:], start=1):
+                child = r.copy(next_id + len(forks), own_copy(r.controller))
+                child.branch = j
+                self.records.fork(r.id, child.id)
+                plan.append((len(engine.rows) + len(forks), b, masks[i][j]))
+                sources.append(i)
+                forks.append(child)
+        if forks:
+            engine.fork(sources, forks)
+            logits = torch.cat([logits, logits[sources]])
+        rows = engine.rows
+        drops, refeed = [0] * len(rows), [False] * len(rows)
+        to_sample, forced = [], []
+        for i, b, mask in plan:
+            refeed[i] = b.backtrack > 0 and (samples(b) or not b.ff_tokens[0])
+            drops[i] = b.backtrack
+            rows[i].backtracked = b.backtrack
+            if refeed[i]:
+                rows[i].appended = []
+                if samples(b):
+                    rows[i].deferred = Branch(0, b.sample_mask, b.ff_tokens)
+            elif samples(b):
+                to_sample.append((i, b, mask))
+            else:
+                forced.append((i, [int(t) for t in b.ff_tokens[0]]))
+        engine.rewind(drops, refeed)
+        for i, tokens in forced:
+            r = rows[i]
+            first = _logprob(logits[i], tokens[0]) if p.records.on else math.nan
+            if self.records.on:
+                scores = self._free_scores(r.tokens, r.prompt_length, logits[i]) if self.records.keep_scores else None
+                self.records.put(r.id, len(r.generated), logits[i], scores)
+            r.append(tokens, "forced" if len(tokens) > 1 else "sampled", first)
+            _stop(r, p, logits[i : i + 1].float())
+            _appended(r)
+        if to_sample:
+            self._sample(to_sample, logits)
+        return forks
+
+    def _sample(self, plan: list[tuple[int, Branch, Tensor | None]], logits: Tensor) -> None:
+        """Sample the rows of ``plan`` in one batch: processors → mask → warpers → draw."""
+        p, rows = self.p, self.engine.rows
+        index = [i for i, _, _ in plan]
+        raw = logits[index]
+        scores = raw.float()
+        if p.sampling.processors:
+            scores = torch.stack([self._processed(rows[i].tokens, rows[i].prompt_length, s)
+                                  for i, s in zip(index, scores, strict=True)])  # fmt: skip
+        masks, full = [m for _, _, m in plan], None
+        if any(m is not None for m in masks):
+            full = torch.ones_like(scores, dtype=torch.bool)
+            for k, m in enumerate(masks):
+                if m is not None:
+                    full[k] = m.to(full.device)
+        chosen, scores = p.sampling.pick(scores, full)
+        logprobs = raw.float().log_softmax(-1) if p.records.on else None
+        for k, ((i, b, _), t) in enumerate(zip(plan, chosen.tolist(), strict=True)):
+            r = rows[i]
+            follow = next((list(s) for s in b.ff_tokens if len(s) and int(s[0]) == t), [t])
+            first = float(logprobs[k, t]) if logprobs is not None else math.nan
+            self.records.put(r.id, len(r.generated), raw[k], scores[k])
+            r.append([int(x) for x in follow], "sampled" if len(follow) == 1 else "forced", first)
+            _stop(r, p, scores[k : k + 1])
+            _appended(r)
+
+    def _propose(self) -> None:
+        """Draft after every row that just had tokens appended (up to its room under ``max_new_tokens``)."""
+        if self.drafts is None:
+            return
+        room = {r.id: self.p.max_new_tokens - len(r.generated) for r in self.engine.rows}
+        rows = [r for r in self.engine.rows if r.finish is None and r.deferred is None and r.pending
+                and r.kind in ("sampled", "forced") and room[r.id] > 0]  # fmt: skip
+        if not rows:
+            return
+        k = min(self.drafts.k, max(room[r.id] for r in rows))
+        for r, d in zip(rows, self.drafts.propose([r.tokens for r in rows], k), strict=True):
+            d = [int(t) for t in d[: room[r.id]]]
+            if d:
+                r.tokens.extend(d)
+                r.logprobs.extend([math.nan] * len(d))
+                r.pending, r.kind = r.pending + len(d), "verify"
+                self.drafted[r.id] = len(d)
+
+
+def _ask(row: Row, view: View) -> list[Branch]:
     c = row.controller
     fn: Callable = getattr(c, "mid_process", None) or c
     try:
         result = fn(view)
     except Exception as e:
         raise ControllerError(
-            f"The controller raised at row {row.id}, step {step}: {type(e).__name__}: {e}. The generation stopped; "
-            "every hook it added was removed."
+            f"The controller raised at row {row.id}, step {view.step}: {type(e).__name__}: {e}. The generation "
+            "stopped; every hook it added was removed."
         ) from e
-    return as_branches(result, f"The controller (row {row.id}, step {step})")
+    return as_branches(result, f"The controller (row {row.id}, step {view.step})")
 
 
-def _apply(
-    engine: Engine, decisions: list[list[Branch]], logits: Tensor, p: Plan, step: int, next_id: int
-) -> list[Row]:
-    """Apply each row's branches: stop, fork, rewind, then sample or append. Returns the new (forked) rows."""
-    d_vocab = logits.shape[-1]
-    masks: list[list[Tensor | None]] = []
-    for r, branches in zip(engine.rows, decisions, strict=True):
-        where = f"The controller's branch for row {r.id} at step {step}"
-        masks.append([check_branch(b, len(r.generated), d_vocab, where) for b in branches])
-    sources, forks, plan = [], [], []  # plan: (batch row, branch, mask) for every row that continues
-    for i, (r, branches) in enumerate(zip(engine.rows, decisions, strict=True)):
-        if not branches:
-            r.finish = "controller"
-            continue
-        plan.append((i, branches[0], masks[i][0]))
-        for j, b in enumerate(branches[1:], start=1):
-            child = r.copy(next_id + len(forks), own_copy(r.controller))
-            child.branch = j
-            plan.append((len(engine.rows) + len(forks), b, masks[i][j]))
-            sources.append(i)
-            forks.append(child)
-    if forks:
-        engine.fork(sources, forks)
-        logits = torch.cat([logits, logits[sources]])
-    rows = engine.rows
-    drops, refeed = [0] * len(rows), [False] * len(rows)
-    to_sample, forced = [], []
-    for i, b, mask in plan:
-        refeed[i] = b.backtrack > 0 and (samples(b) or not b.ff_tokens[0])
-        drops[i] = b.backtrack
-        rows[i].backtracked = b.backtrack
-        if refeed[i]:
-            rows[i].appended = []
-            if samples(b):
-                rows[i].deferred = Branch(0, b.sample_mask, b.ff_tokens)
-        elif samples(b):
-            to_sample.append((i, b, mask))
-        else:
-            forced.append((i, list(b.ff_tokens[0])))
-    engine.rewind(drops, refeed)
-    for i, tokens in forced:
-        first = _logprob(logits[i], tokens[0]) if p.records.on else math.nan
-        rows[i].append([int(t) for t in tokens], "forced" if len(tokens) > 1 else "sampled", first)
-        _stop(rows[i], p, logits[i : i + 1].float())
-        _appended(rows[i])
-    if to_sample:
-        _sample(rows, to_sample, logits, p)
-    return forks
-
-
-def _sample(rows: list[Row], plan: list[tuple[int, Branch, Tensor | None]], logits: Tensor, p: Plan) -> None:
-    """Sample the rows of ``plan`` in one batch: processors → mask → warpers → draw."""
-    index = [i for i, _, _ in plan]
-    raw = logits[index]
-    scores = raw.float()
-    if p.sampling.processors:
-        scores = torch.cat([_processed(rows[i], s[None], p) for i, s in zip(index, scores, strict=True)])
-    masks, full = [m for _, _, m in plan], None
-    if any(m is not None for m in masks):
-        full = torch.ones_like(scores, dtype=torch.bool)
-        for k, m in enumerate(masks):
-            if m is not None:
-                full[k] = m.to(full.device)
-    chosen, scores = p.sampling.pick(scores, full)
-    logprobs = raw.float().log_softmax(-1) if p.records.on else None
-    for k, ((i, b, _), t) in enumerate(zip(plan, chosen.tolist(), strict=True)):
-        follow = next((list(s) for s in b.ff_tokens if len(s) and int(s[0]) == t), [t])
-        first = float(logprobs[k, t]) if logprobs is not None else math.nan
-        rows[i].append([int(x) for x in follow], "sampled" if len(follow) == 1 else "forced", first)
-        _stop(rows[i], p, scores[k : k + 1])
-        _appended(rows[i])
-
-
-def _processed(row: Row, scores: Tensor, p: Plan) -> Tensor:
-    """The processors see the row as the plain loop would (`_as_plain_row`)."""
-    tokens, mask = _as_plain_row(row, p)
-    return p.sampling.processors(tokens.to(scores.device), scores, mask.to(scores.device))
-
-
-def _as_plain_row(row: Row, p: Plan) -> tuple[Tensor, Tensor]:
-    """The row as the plain loop lays it out: its prompt left-padded to the prompt width, then its generated
-    tokens (so ``min_new_tokens``, the penalties and stop strings count as there)."""
-    prompt = row.tokens[: row.prompt_length]
-    pad = p.stopping.prompt_width - len(prompt)
-    tokens = torch.tensor([[p.pad_token_id] * pad + row.tokens])
-    mask = torch.tensor([[0] * pad + [1] * len(row.tokens)])
-    return tokens, mask
+def _as_plain_row(tokens: list[int], prompt_length: int, p: Plan) -> tuple[Tensor, Tensor]:
+    """A row's ``tokens`` as the plain loop lays them out: the prompt left-padded to the prompt width, then the
+    generated tokens (so ``min_new_tokens``, the penalties and stop strings count as there)."""
+    pad = p.stopping.prompt_width - prompt_length
+    ids = torch.tensor([[p.pad_token_id] * pad + tokens])
+    mask = torch.tensor([[0] * pad + [1] * len(tokens)])
+    return ids, mask
 
 
 def _stop(row: Row, p: Plan, scores: Tensor) -> None:
@@ -225,13 +429,25 @@ def _stop(row: Row, p: Plan, scores: Tensor) -> None:
     limit = row.prompt_length + p.max_new_tokens
     _cut(row, limit)
     if p.stopping.stop_strings or p.stopping.criteria:  # before the length limit, as in the plain loop
-        tokens, _ = _as_plain_row(row, p)
+        tokens, _ = _as_plain_row(row.tokens, row.prompt_length, p)
         code = int(p.stopping.check(tokens.to(scores.device), scores)[0])
         if code:
             row.finish = FINISH_REASONS[code]
             return
     if len(row.tokens) >= limit:
         row.finish = "length"
+
+
+def _stops_at(row: Row, p: Plan, end: int, scores: Tensor) -> str | None:
+    """Why the row stops at its token ``end - 1`` (one verified draft), or None: as `_stop` for one token."""
+    if row.tokens[end - 1] in p.eos_token_ids:
+        return "eos"
+    if p.stopping.stop_strings or p.stopping.criteria:
+        tokens, _ = _as_plain_row(row.tokens[:end], row.prompt_length, p)
+        code = int(p.stopping.check(tokens.to(scores.device), scores[None])[0])
+        if code:
+            return FINISH_REASONS[code]
+    return "length" if end - row.prompt_length >= p.max_new_tokens else None
 
 
 def _cut(row: Row, length: int) -> None:
@@ -242,13 +458,30 @@ def _cut(row: Row, length: int) -> None:
         row.pending = max(row.pending - extra, 0)
 
 
-def _finish_all(rows: list[Row], reason: str) -> None:
-    for r in rows:
-        if r.finish is None:
-            r.finish = reason
+class _Stream:
+    """An HF streamer fed as the plain loop feeds it: the prompt, then one ``[batch]`` column per generated
+    position once every running row has it (finished rows give the pad token). Only without a controller:
+    a controller may rewind tokens a streamer has already printed."""
+
+    def __init__(self, streamer: Any, tokens: Tensor, pad: int) -> None:
+        self.streamer, self.pad, self.done = streamer, pad, 0
+        streamer.put(tokens.cpu())
+
+    def flush(self, rows: list[Row], drafted: dict[int, int], final: bool = False) -> None:
+        lengths = [len(r.generated) - drafted.get(r.id, 0) for r in rows]
+        running = [n for r, n in zip(rows, lengths, strict=True) if r.finish is None]
+        ready = max(lengths) if final or not running else min(running)
+        for col in range(self.done, ready):
+            self.streamer.put(torch.tensor([r.generated[col] if col < n else self.pad
+                                            for r, n in zip(rows, lengths, strict=True)]))  # fmt: skip
+        self.done = max(self.done, ready)
+        if final:
+            self.streamer.end()
 
 
-def _output(rows: list[Row], prompt_width: int, p: Plan, device: torch.device) -> GenerationOutput:
+def _output(
+    rows: list[Row], prompt_width: int, p: Plan, device: torch.device, records: RowRecords, controlled: bool
+) -> GenerationOutput:
     """Left-padded prompts (``prompt_width``) then generated tokens, right-padded to the longest row."""
     new = max(len(r.generated) for r in rows)
     seq = torch.full((len(rows), prompt_width + new), p.pad_token_id, dtype=torch.long)
@@ -262,15 +495,16 @@ def _output(rows: list[Row], prompt_width: int, p: Plan, device: torch.device) -
             seq[i, prompt_width : prompt_width + len(gen)] = torch.tensor(gen)
             mask[i, prompt_width : prompt_width + len(gen)] = 1
             logprobs[i, : len(gen)] = torch.tensor(r.logprobs[: len(gen)])
-    return GenerationOutput(
+    out = GenerationOutput(
         sequences=seq.to(device),
         attention_mask=mask.to(device),
         prompt_lengths=torch.tensor([r.prompt_length for r in rows], device=device),
         prompt_width=prompt_width,
         finish_reasons=[r.finish or "length" for r in rows],
         logprobs=logprobs.to(device) if p.records.on else None,
-        parents=[r.parent for r in rows],
+        parents=[r.parent for r in rows] if controlled else None,
     )
+    return records.finish(out, [r.id for r in rows], [len(r.generated) for r in rows])
 
 
 def _appended(row: Row) -> None:

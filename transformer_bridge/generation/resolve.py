@@ -175,16 +175,13 @@ def _control(controller: Any, max_steps: int | None, plan: Plan) -> int:
         if max_steps is not None:
             raise ValueError("`max_steps` bounds a controlled generation: it needs a `controller`.")
         return 0
-    r = plan.records
     clash = [name for name, on in (("num_beams > 1", plan.search.num_beams > 1),
-                                   ("streamer", plan.streamer is not None), ("top_logprobs", r.top_logprobs),
-                                   ("output_logits", r.output_logits), ("output_scores", r.output_scores))
-             if on]  # fmt: skip
+                                   ("streamer", plan.streamer is not None)) if on]  # fmt: skip
     if clash:
         raise ValueError(
-            f"`controller` cannot be combined with {clash}: a controller may backtrack and fork rows, which beam "
-            "search, a streamer and per-step records assume never happens. Use `return_dict=True` for each row's "
-            "log-probabilities, parents and finish reasons."
+            f"`controller` cannot be combined with {clash}: beam search keeps its own beams, and a controller may "
+            "backtrack (rewind) tokens a streamer has already printed. Use `return_dict=True` for each row's "
+            "tokens, records, parents and finish reasons."
         )
     if max_steps is None:
         return 4 * plan.max_new_tokens
