@@ -82,8 +82,9 @@ def compiled_step(model: BridgeCore) -> Callable:
     """The model's compiled one-token step (made once per model; dynamo keeps one graph per bucket)."""
     state = _state(model)
     if state["compiled"] is None:
-        mode = "reduce-overhead" if model.device.type == "cuda" else None
-        state["compiled"] = torch.compile(_step, mode=mode, dynamic=False)
+        from .compiled import compile_options  # the options and the CPU graph pass
+
+        state["compiled"] = torch.compile(_step, dynamic=False, **compile_options(model.device))
     return state["compiled"]
 
 

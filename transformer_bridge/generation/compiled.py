@@ -1,0 +1,106 @@
+"""How the one-token decode step is compiled: the ``torch.compile`` options and one inductor graph pass.
+
+`compile_options` gives the options `fast.compiled_step` compiles the step with. On CUDA that is mode
+``"reduce-overhead"`` (CUDA graphs). On CPU it is inductor's defaults plus `RowTimesMatrix`, a
+post-grad graph pass that rewrites each matrix product of a single row, ``[1, k] @ [k, n]`` (every
+linear layer and the unembedding of a batch-of-one decode step), into a multiply and a sum over ``k``
+that inductor compiles into one vectorised reduction. A decode step at batch 1 is bound by reading the
+weights, and on the CPUs measured here BLAS reads them at about 12 GB/s for a single row (its
+matrix-vector path), the generated reduction at about 20 GB/s (docs/benchmarks.md). Wider products
+(batch > 1, the prefill) keep BLAS.
+
+The weights stay inputs of the compiled graph (nothing is frozen into it), so editing a weight after
+compiling is seen by the next step. The sums run in another order than BLAS's: logits move by ~1e-5,
+as with any inductor kernel.
+"""
+
+import hashlib
+import inspect
+from typing import Any
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch.fx import Graph, Node
+
+aten = torch.ops.aten
+
+
+def _fake(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, Node) else None
+
+
+class RowTimesMatrix(CustomGraphPass):
+    """Inductor post-grad pass: ``mm(a, b)`` / ``addmm(c, a, b)`` with one row in ``a`` and ``b`` the transpose
+    of a row-major matrix (fp32/bf16/fp16 on CPU) becomes ``sum(a * b.T, -1)``, which inductor compiles into a
+    reduction reading ``b`` once, row by row.
+
+    Example:
+        >>> import torch
+        >>> from torch.fx.experimental.proxy_tensor import make_fx
+        >>> gm = make_fx(lambda a, w: torch.mm(a, w.t()), tracing_mode="fake")(torch.ones(1, 4), torch.ones(3, 4))
+        >>> RowTimesMatrix()(gm.graph)
+        >>> sorted({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        ['aten.mul.Tensor', 'aten.permute.default', 'aten.sum.dim_IntList', 'aten.t.default']
+    """
+
+    rewrites = 0  # products rewritten in this process (not counted when inductor's cache serves a graph)
+
+    def __call__(self, graph: Graph) -> None:
+        for node in list(graph.nodes):
+            if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
+                continue
+            bias, (a, b) = (None, node.args[:2]) if node.target is aten.mm.default else (node.args[0], node.args[1:3])
+            if node.kwargs or not _one_row_on_cpu(_fake(a), _fake(b)):
+                continue  # addmm with beta/alpha keeps BLAS
+            with graph.inserting_before(node):
+                new = [graph.call_function(aten.permute.default, (b, [1, 0]))]  # [n, k]: rows of the weight
+                new.append(graph.call_function(aten.mul.Tensor, (a, new[-1])))  # [1, k] * [n, k] -> [n, k]
+                new.append(graph.call_function(aten.sum.dim_IntList, (new[-1], [1], True)))  # [n, 1]
+                new.append(graph.call_function(aten.permute.default, (new[-1], [1, 0])))  # [1, n]
+                if bias is not None:
+                    new.append(graph.call_function(aten.add.Tensor, (bias, new[-1])))
+            for added in new:
+                added.meta["val"] = _meta(added)
+            node.replace_all_uses_with(new[-1])
+            graph.erase_node(node)
+            RowTimesMatrix.rewrites += 1
+
+    def uuid(self) -> str:
+        return hashlib.sha256(inspect.getsource(RowTimesMatrix).encode()).hexdigest()
+
+
+def _one_row_on_cpu(a: Any, b: Any) -> bool:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    # b.stride(0) == 1: b is the transpose of a row-major weight [n, k] (nn.Linear), so the sum reads each
+    # weight row in order; a row-major [k, n] (GPT-2's Conv1D) would be read across rows, slower than BLAS.
+    return (a.dim() == 2 and b.dim() == 2 and a.shape[0] == 1 and a.device.type == "cpu" and b.device.type == "cpu"
+            and a.dtype == b.dtype and a.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and b.stride(0) == 1)  # fmt: skip
+
+
+def _meta(node: Node) -> Any:
+    """The fake value of a node added by the pass, computed from its inputs' fake values."""
+    args = [_fake(x) if isinstance(x, Node) else x for x in node.args]
+    fake = next(x for x in args if isinstance(x, torch.Tensor))
+    mode = getattr(fake, "fake_mode", None)
+    if mode is None:
+        return node.target(*args)
+    with mode:
+        return node.target(*args)
+
+
+def compile_options(device: torch.device) -> dict[str, Any]:
+    """Keyword arguments of ``torch.compile`` for the decode step on ``device``.
+
+    Example:
+        >>> sorted(compile_options(torch.device("cpu"))["options"])
+        ['post_grad_custom_pre_pass']
+        >>> compile_options(torch.device("cuda"))
+        {'mode': 'reduce-overhead'}
+    """
+    if device.type == "cuda":
+        return {"mode": "reduce-overhead"}
+    if device.type == "cpu":
+        return {"options": {"post_grad_custom_pre_pass": RowTimesMatrix()}}
+    return {}
