@@ -78,7 +78,6 @@ def test_a_controller_that_raises_names_row_and_step_and_hooks_are_removed(model
         (dict(controller=lambda v: [Branch.sample(), 3]), TypeError, r"must return a list of `Branch`"),
         (dict(max_steps=3), ValueError, r"`max_steps` bounds a controlled generation: it needs a `controller`"),
         (dict(controller=lambda v: None, max_steps=0), ValueError, r"`max_steps` must be"),
-        (dict(controller=lambda v: None, num_beams=2), ValueError, r"cannot be combined with \['num_beams > 1'\]"),
     ],
 )
 def test_bad_controller_arguments(model, kwargs, error, match):

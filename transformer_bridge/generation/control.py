@@ -46,9 +46,10 @@ from ..checks import ArgumentTypeError, describe
 from ..core import BridgeCore
 from .branch import Branch, View, as_branches, check_branch, samples
 from .engine import Engine, Row
+from .finish import Stream, as_plain_row, cut, output, stop, stops_at
 from .kv import KVRows
 from .options import Plan
-from .outputs import FINISH_REASONS, GenerationOutput
+from .outputs import GenerationOutput
 from .records import RowRecords
 from .sampling import warp_logits
 from .speculative import Assistant, PromptLookup, verify
@@ -106,7 +107,7 @@ def generate(
     captured: dict[str, Tensor] = {}
     hooks = [(n, _capture(captured, n)) for n in names]
     driver = _Driver(engine, p, drafts, captured)
-    stream = _Stream(p.streamer, tokens, p.pad_token_id) if p.streamer is not None else None
+    stream = Stream(p.streamer, tokens, p.pad_token_id) if p.streamer is not None else None
     with model.hooks(fwd_hooks=hooks, read_only=True):
         while engine.rows:
             everyone += driver.round(len(everyone))
@@ -120,7 +121,7 @@ def generate(
     if stream is not None:
         stream.flush(everyone, driver.drafted, final=True)
     controlled = any(c is not None for c in controllers)
-    return _output(everyone, tokens.shape[1], p, tokens.device, driver.records, controlled)
+    return output(everyone, tokens.shape[1], p, tokens.device, driver.records, controlled)
 
 
 class _Append:
@@ -171,7 +172,7 @@ class _Driver:
             first = _logprob(a.logits, a.tokens[0]) if p.records.on else math.nan
             self.records.put(r.id, len(r.generated), a.logits, a.scores)
             r.append(a.tokens, "sampled" if len(a.tokens) == 1 else "forced", first)
-            _stop(r, p, (a.scores if a.scores is not None else a.logits.float())[None])
+            stop(r, p, (a.scores if a.scores is not None else a.logits.float())[None])
             _appended(r)
         if at:
             logits = logits.clone()
@@ -188,7 +189,7 @@ class _Driver:
                 r.finish = reason
                 m = self.drafted.pop(r.id, 0)
                 if m:  # drafts fed but never verified leave no trace
-                    _cut(r, len(r.tokens) - m)
+                    cut(r, len(r.tokens) - m)
 
     # -- deciding ----------------------------------------------------------------------------------------
     def _decide(self, row: Row, i: int, logits: Tensor) -> list[Branch]:
@@ -255,19 +256,19 @@ class _Driver:
         if self.p.records.on:
             r.logprobs[g] = _logprob(logits, r.tokens[pos])
         self.records.put(r.id, g, logits, scores)
-        reason = _stops_at(r, self.p, pos + 1, scores if scores is not None else logits.float())
+        reason = stops_at(r, self.p, pos + 1, scores if scores is not None else logits.float())
         if reason is not None:
-            _cut(r, pos + 1)
+            cut(r, pos + 1)
             r.finish = reason
             return True
         return False
 
     def _processed(self, tokens: list[int], prompt_length: int, logits: Tensor) -> Tensor:
-        """The processors see the row as the plain loop would (`_as_plain_row`)."""
+        """The processors see the row as the plain loop would (`as_plain_row`)."""
         scores = logits.float()
         if not self.p.sampling.processors:
             return scores
-        ids, mask = _as_plain_row(tokens, prompt_length, self.p)
+        ids, mask = as_plain_row(tokens, prompt_length, self.p)
         return self.p.sampling.processors(ids.to(scores.device), scores[None], mask.to(scores.device))[0]
 
     def _free_scores(self, tokens: list[int], prompt_length: int, logits: Tensor) -> Tensor:
@@ -282,10 +283,10 @@ class _Driver:
         """Records of forced tokens after the first, from the forward that fed them (logits at t predict t + 1)."""
         for i, r in enumerate(self.engine.rows):
             a = len(r.appended)
-            if r.kind not in ("forced", "verify") or a < 2:
+            if r.kind not in ("forced", "verify") or not a:
                 continue
             fed, end = len(r.tokens) - r.fresh, len(r.tokens) - self.drafted.get(r.id, 0)
-            for t in range(max(end - a + 1, fed + 1, r.prompt_length), end):
+            for t in range(max(end - a, fed + 1, r.prompt_length), end):  # the first: only after a re-fed token
                 lg = chunk[i, r.column + t - fed - 1]
                 g = t - r.prompt_length
                 r.logprobs[g] = _logprob(lg, r.tokens[t])
@@ -325,26 +326,36 @@ class _Driver:
         drops, refeed = [0] * len(rows), [False] * len(rows)
         to_sample, forced = [], []
         for i, b, mask in plan:
-            refeed[i] = b.backtrack > 0 and (samples(b) or not b.ff_tokens[0])
+            # After a backtrack the logits of the rewound position are unknown: the last kept token is fed again
+            # (before sampling; with forced tokens, in their chunk when their records are kept).
+            refeed[i] = b.backtrack > 0 and (samples(b) or not b.ff_tokens[0] or p.records.on)
             drops[i] = b.backtrack
             rows[i].backtracked = b.backtrack
-            if refeed[i]:
-                rows[i].appended = []
-                if samples(b):
-                    rows[i].deferred = Branch(0, b.sample_mask, b.ff_tokens)
-            elif samples(b):
-                to_sample.append((i, b, mask))
+            if samples(b) or not b.ff_tokens[0]:
+                if refeed[i]:
+                    rows[i].appended = []
+                    if samples(b):
+                        rows[i].deferred = Branch(0, b.sample_mask, b.ff_tokens)
+                else:
+                    to_sample.append((i, b, mask))
             else:
                 forced.append((i, [int(t) for t in b.ff_tokens[0]]))
         engine.rewind(drops, refeed)
         for i, tokens in forced:
             r = rows[i]
-            first = _logprob(logits[i], tokens[0]) if p.records.on else math.nan
-            if self.records.on:
-                scores = self._free_scores(r.tokens, r.prompt_length, logits[i]) if self.records.keep_scores else None
-                self.records.put(r.id, len(r.generated), logits[i], scores)
-            r.append(tokens, "forced" if len(tokens) > 1 else "sampled", first)
-            _stop(r, p, logits[i : i + 1].float())
+            if refeed[i]:  # the forward that feeds them scores the first one too (`_forced_records`)
+                first = math.nan
+            else:
+                first = _logprob(logits[i], tokens[0]) if p.records.on else math.nan
+                if self.records.on:
+                    scores = (
+                        self._free_scores(r.tokens, r.prompt_length, logits[i]) if self.records.keep_scores else None
+                    )
+                    self.records.put(r.id, len(r.generated), logits[i], scores)
+            r.append(tokens, "forced" if len(tokens) > 1 or refeed[i] else "sampled", first)
+            stop(r, p, logits[i : i + 1].float())
+            if refeed[i] and r.finish is None:
+                r.pending += 1  # the re-fed token goes first in the chunk
             _appended(r)
         if to_sample:
             self._sample(to_sample, logits)
@@ -373,7 +384,7 @@ class _Driver:
             first = float(logprobs[k, t]) if logprobs is not None else math.nan
             self.records.put(r.id, len(r.generated), raw[k], scores[k])
             r.append([int(x) for x in follow], "sampled" if len(follow) == 1 else "forced", first)
-            _stop(r, p, scores[k : k + 1])
+            stop(r, p, scores[k : k + 1])
             _appended(r)
 
     def _propose(self) -> None:
@@ -406,105 +417,6 @@ def _ask(row: Row, view: View) -> list[Branch]:
             "stopped; every hook it added was removed."
         ) from e
     return as_branches(result, f"The controller (row {row.id}, step {view.step})")
-
-
-def _as_plain_row(tokens: list[int], prompt_length: int, p: Plan) -> tuple[Tensor, Tensor]:
-    """A row's ``tokens`` as the plain loop lays them out: the prompt left-padded to the prompt width, then the
-    generated tokens (so ``min_new_tokens``, the penalties and stop strings count as there)."""
-    pad = p.stopping.prompt_width - prompt_length
-    ids = torch.tensor([[p.pad_token_id] * pad + tokens])
-    mask = torch.tensor([[0] * pad + [1] * len(tokens)])
-    return ids, mask
-
-
-def _stop(row: Row, p: Plan, scores: Tensor) -> None:
-    """EOS among the appended tokens, the length limit, stop strings and criteria."""
-    eos = set(p.eos_token_ids)
-    start = len(row.tokens) - row.pending
-    for k in range(start, len(row.tokens)):
-        if row.tokens[k] in eos and k >= row.prompt_length:
-            _cut(row, k + 1)
-            row.finish = "eos"
-            return
-    limit = row.prompt_length + p.max_new_tokens
-    _cut(row, limit)
-    if p.stopping.stop_strings or p.stopping.criteria:  # before the length limit, as in the plain loop
-        tokens, _ = _as_plain_row(row.tokens, row.prompt_length, p)
-        code = int(p.stopping.check(tokens.to(scores.device), scores)[0])
-        if code:
-            row.finish = FINISH_REASONS[code]
-            return
-    if len(row.tokens) >= limit:
-        row.finish = "length"
-
-
-def _stops_at(row: Row, p: Plan, end: int, scores: Tensor) -> str | None:
-    """Why the row stops at its token ``end - 1`` (one verified draft), or None: as `_stop` for one token."""
-    if row.tokens[end - 1] in p.eos_token_ids:
-        return "eos"
-    if p.stopping.stop_strings or p.stopping.criteria:
-        tokens, _ = _as_plain_row(row.tokens[:end], row.prompt_length, p)
-        code = int(p.stopping.check(tokens.to(scores.device), scores[None])[0])
-        if code:
-            return FINISH_REASONS[code]
-    return "length" if end - row.prompt_length >= p.max_new_tokens else None
-
-
-def _cut(row: Row, length: int) -> None:
-    extra = len(row.tokens) - length
-    if extra > 0:
-        del row.tokens[length:]
-        del row.logprobs[length - row.prompt_length :]
-        row.pending = max(row.pending - extra, 0)
-
-
-class _Stream:
-    """An HF streamer fed as the plain loop feeds it: the prompt, then one ``[batch]`` column per generated
-    position once every running row has it (finished rows give the pad token). Only without a controller:
-    a controller may rewind tokens a streamer has already printed."""
-
-    def __init__(self, streamer: Any, tokens: Tensor, pad: int) -> None:
-        self.streamer, self.pad, self.done = streamer, pad, 0
-        streamer.put(tokens.cpu())
-
-    def flush(self, rows: list[Row], drafted: dict[int, int], final: bool = False) -> None:
-        lengths = [len(r.generated) - drafted.get(r.id, 0) for r in rows]
-        running = [n for r, n in zip(rows, lengths, strict=True) if r.finish is None]
-        ready = max(lengths) if final or not running else min(running)
-        for col in range(self.done, ready):
-            self.streamer.put(torch.tensor([r.generated[col] if col < n else self.pad
-                                            for r, n in zip(rows, lengths, strict=True)]))  # fmt: skip
-        self.done = max(self.done, ready)
-        if final:
-            self.streamer.end()
-
-
-def _output(
-    rows: list[Row], prompt_width: int, p: Plan, device: torch.device, records: RowRecords, controlled: bool
-) -> GenerationOutput:
-    """Left-padded prompts (``prompt_width``) then generated tokens, right-padded to the longest row."""
-    new = max(len(r.generated) for r in rows)
-    seq = torch.full((len(rows), prompt_width + new), p.pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(seq)
-    logprobs = torch.zeros((len(rows), new))
-    for i, r in enumerate(rows):
-        prompt, gen = r.tokens[: r.prompt_length], r.generated
-        seq[i, prompt_width - len(prompt) : prompt_width] = torch.tensor(prompt, dtype=torch.long)
-        mask[i, prompt_width - len(prompt) : prompt_width] = 1
-        if gen:
-            seq[i, prompt_width : prompt_width + len(gen)] = torch.tensor(gen)
-            mask[i, prompt_width : prompt_width + len(gen)] = 1
-            logprobs[i, : len(gen)] = torch.tensor(r.logprobs[: len(gen)])
-    out = GenerationOutput(
-        sequences=seq.to(device),
-        attention_mask=mask.to(device),
-        prompt_lengths=torch.tensor([r.prompt_length for r in rows], device=device),
-        prompt_width=prompt_width,
-        finish_reasons=[r.finish or "length" for r in rows],
-        logprobs=logprobs.to(device) if p.records.on else None,
-        parents=[r.parent for r in rows] if controlled else None,
-    )
-    return records.finish(out, [r.id for r in rows], [len(r.generated) for r in rows])
 
 
 def _appended(row: Row) -> None:

@@ -175,13 +175,10 @@ def _control(controller: Any, max_steps: int | None, plan: Plan) -> int:
         if max_steps is not None:
             raise ValueError("`max_steps` bounds a controlled generation: it needs a `controller`.")
         return 0
-    clash = [name for name, on in (("num_beams > 1", plan.search.num_beams > 1),
-                                   ("streamer", plan.streamer is not None)) if on]  # fmt: skip
-    if clash:
+    if plan.streamer is not None:
         raise ValueError(
-            f"`controller` cannot be combined with {clash}: beam search keeps its own beams, and a controller may "
-            "backtrack (rewind) tokens a streamer has already printed. Use `return_dict=True` for each row's "
-            "tokens, records, parents and finish reasons."
+            "`controller` cannot be combined with `streamer`: a controller may backtrack (rewind) tokens a streamer "
+            "has already printed. Use `return_dict=True` for each row's tokens, records, parents and finish reasons."
         )
     if max_steps is None:
         return 4 * plan.max_new_tokens
