@@ -1,0 +1,94 @@
+"""Speculative decoding (prompt lookup) against eager `generate` on the extraction task of benchmarks/generate.py.
+
+SmolLM2-135M-Instruct fp32, greedy, ``--new`` tokens per row (``min_new_tokens`` too, so EOS never ends a run
+early), batch 1 and 8 (left-padded), variants interleaved round by round in alternating order, medians. The
+script checks that the tokens equal eager decoding's, counts forwards with a hook on ``hook_embed``, and
+reports how many tokens each verify forward gave per row (accepted drafts + the chosen token).
+
+    python benchmarks/speculative.py [--rounds 3] [--new 64] [--k 10] [--batches 1,8] [--threads 1]
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from transformer_bridge import TransformerBridge
+from transformer_bridge.real_model import smollm2_path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from generate import PASSAGES  # noqa: E402 - the extraction task of benchmarks/generate.py
+
+
+def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--k", type=int, default=10, help="prompt_lookup_num_tokens")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = TransformerBridge.from_pretrained(str(smollm2_path()), dtype=getattr(torch, args.dtype))
+    model.to(args.device)
+    model.cfg.default_prepend_bos = False
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.device} {args.dtype}, "
+          f"{args.new} new tokens, k={args.k}, medians of {args.rounds} rounds")  # fmt: skip
+    print("| batch | eager tok/s | prompt lookup tok/s | ratio | forwards eager / lookup | tokens per verify row |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for batch in (int(b) for b in args.batches.split(",")):
+        bench(model, batch, args.new, args.k, args.rounds)
+
+
+def bench(model: TransformerBridge, batch: int, n: int, k: int, rounds: int) -> None:
+    texts = [f"Copy the text exactly.\nText: {p}\nCopy: {p.split()[0]}" for p in (PASSAGES * 4)[:batch]]
+    tokens, mask = model.to_tokens_and_mask(texts, padding_side="left")
+    common = dict(attention_mask=mask.to(model.device), max_new_tokens=n, min_new_tokens=n)
+    tokens = tokens.to(model.device)
+    variants = {
+        "eager": lambda: model.generate(tokens, **common),
+        "lookup": lambda: model.generate(tokens, **common, prompt_lookup_num_tokens=k),
+    }
+    counts = {}
+    for name, fn in variants.items():  # warm-up, tokens, forwards and verify widths
+        seen = []
+        def look(x, hook, seen=seen):
+            ctx = hook.ctx
+            seen.append((ctx.rows, ctx.positions.clone(), ctx.pad_mask.clone()))
+
+        with model.hooks(fwd_hooks=[("hook_embed", look)]):
+            counts[name] = (fn(), seen)
+    assert torch.equal(counts["eager"][0], counts["lookup"][0]), "prompt lookup changed the tokens"
+    per_row = []  # tokens a verify forward gave each row: how far its next chunk starts past this one
+    chunks = counts["lookup"][1]
+    for a, b in zip(chunks[1:], chunks[2:], strict=False):
+        starts = {}
+        for (rows, positions, pad_mask), side in ((a, 0), (b, 1)):
+            for row, pos, pad in zip(rows, positions, pad_mask, strict=True):
+                if row >= 0 and (~pad).any():
+                    starts.setdefault(row, [None, None])[side] = int(pos[~pad][0])
+        per_row += [s1 - s0 for s0, s1 in starts.values() if s0 is not None and s1 is not None]
+    times = {name: [] for name in variants}
+    for r in range(rounds):
+        order = list(variants.items())
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    rate = {name: batch * n / m for name, m in med.items()}
+    print(f"| {batch} | {rate['eager']:.1f} | {rate['lookup']:.1f} | {med['eager'] / med['lookup']:.2f}x | "
+          f"{len(counts['eager'][1])} / {len(counts['lookup'][1])} | "
+          f"{statistics.mean(per_row) if per_row else 0:.2f} (min {min(per_row, default=0)}, "
+          f"max {max(per_row, default=0)}) |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
