@@ -9,6 +9,7 @@ reports how many tokens each verify forward gave per row (accepted drafts + the 
 """
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -20,7 +21,7 @@ from transformer_bridge import TransformerBridge
 from transformer_bridge.real_model import smollm2_path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from generate import PASSAGES  # noqa: E402 - the extraction task of benchmarks/generate.py
+from generate import PASSAGES  # the extraction task of benchmarks/generate.py
 
 
 def main() -> None:
@@ -59,6 +60,7 @@ def bench(model: TransformerBridge, batch: int, n: int, k: int, rounds: int) -> 
     counts = {}
     for name, fn in variants.items():  # warm-up, tokens, forwards and verify widths
         seen = []
+
         def look(x, hook, seen=seen):
             ctx = hook.ctx
             seen.append((ctx.rows, ctx.positions.clone(), ctx.pad_mask.clone()))
@@ -68,7 +70,7 @@ def bench(model: TransformerBridge, batch: int, n: int, k: int, rounds: int) -> 
     assert torch.equal(counts["eager"][0], counts["lookup"][0]), "prompt lookup changed the tokens"
     per_row = []  # tokens a verify forward gave each row: how far its next chunk starts past this one
     chunks = counts["lookup"][1]
-    for a, b in zip(chunks[1:], chunks[2:], strict=False):
+    for a, b in itertools.pairwise(chunks[1:]):
         starts = {}
         for (rows, positions, pad_mask), side in ((a, 0), (b, 1)):
             for row, pos, pad in zip(rows, positions, pad_mask, strict=True):
