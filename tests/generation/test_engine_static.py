@@ -1,6 +1,8 @@
 """The controlled engine over a static KV cache (eager and compiled) against independent answers: a fresh
 no-KV-cache forward over each row's tokens, the dynamic-cache engine's tokens, `run_with_cache` for the cache."""
 
+import itertools
+
 import pytest
 import torch
 from conftest import FAMILIES, V, make_bridge, perturb_
@@ -83,29 +85,34 @@ def test_static_engine_return_cache_equals_run_with_cache_bitwise(model):
 
 
 def test_the_engine_runs_over_the_static_cache():
-    """The attention sees the bucket's keys (the static cache is really used), and position-based steering
-    gives the dynamic engine's tokens."""
+    """The attention sees the bucket's keys (the static cache is really used); finished rows keep their slot
+    and forks fill free slots first (the batch grows to 8, never shrinks); position-based steering gives the
+    dynamic engine's tokens."""
     model = perturb_(make_bridge("llama"))
     tokens, mask = batch(model)
     direction = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(0))
-    keys = []
+    keys, rows = [], []
 
     def steer(resid, hook):
+        rows.append(hook.ctx.rows)
         return resid + 3.0 * direction * ((hook.ctx.positions == 4) & ~hook.ctx.pad_mask)[..., None]
 
-    hooks = [
-        ("blocks.0.hook_resid_post", steer),
-        ("blocks.0.attn.hook_pattern", lambda x, hook: keys.append(x.shape[-1])),
-    ]
+    def pattern(x, hook):
+        keys.append(x.shape[-1])
+
+    hooks = [("blocks.0.hook_resid_post", steer), ("blocks.0.attn.hook_pattern", pattern)]
     outs = []
     for options in ({}, {"cache_implementation": "static"}):
         keys.clear()
+        rows.clear()
         with model.hooks(fwd_hooks=hooks):
-            outs.append(model.generate(tokens, attention_mask=mask, max_new_tokens=9, controller=Script(mixed_script()),
-                                       **options))  # fmt: skip
-        if options:
-            assert set(keys) == {fast.bucket_length(tokens.shape[1] + 9 + 16)}
+            c = Script(mixed_script())
+            outs.append(model.generate(tokens, attention_mask=mask, max_new_tokens=9, controller=c, **options))
     assert torch.equal(outs[0], outs[1])
+    assert set(keys) == {fast.bucket_length(tokens.shape[1] + 9 + 16)}
+    assert [len(r) for r in rows] == sorted(len(r) for r in rows) and {len(r) for r in rows} == {3, 8}
+    reused = [j for j in range(8) for a, b in itertools.pairwise(rows) if len(a) == 8 and a[j] == -1 and b[j] >= 0]
+    assert reused  # a fork took the slot of a finished row
 
 
 def test_static_kv_rows_grow_past_the_bucket():

@@ -17,10 +17,12 @@ was padded, rewound or forked, so a position-based hook gives the same result as
 
 The KV cache is dynamic (`kv.KVRows`, the default) or static (`kv.StaticKVRows`: preallocated and
 bucketed; ``compile=True`` then runs `fast.compiled_step` for every forward where each row feeds exactly
-one token, and eager forwards for prompts, forced and uneven chunks). With a static cache a fork or a
-retire copies the rows into the model's cache of the new batch size: each batch size met is one
-compiled graph per bucket, made once per process (a generation that forks into 2, 3, 4 rows compiles
-three graphs the first time, none the next).
+one token, and eager forwards for prompts, forced and uneven chunks). A static cache keeps its batch
+size when rows finish: a finished row's slot stays in the batch as padding (``hook.ctx.rows`` -1,
+``row_kinds`` ``"finished"``; it attends to its own padding token only), and a fork fills free slots
+first; only a fork with no free slot grows the batch, to the next power of two. Each batch size is
+one compiled graph per bucket (made once per process), so a batch of 8 whose rows finish one by one
+compiles one graph, and a row that forks into 2, 3, 4, 5 rows compiles three (1, 2, 4, 8 rows).
 """
 
 import math
@@ -111,7 +113,10 @@ class Engine:
         # The compiled one-token step (static cache only): steps where every row feeds one token.
         self.step = compiled_step(model) if compile and self.kv.static else None
         self.device = model.device
-        self.real = torch.zeros((len(rows), 0), dtype=torch.bool, device=self.device)  # [batch, key_pos]
+        # Batch row (slot) of each active row. With a static cache a finished row's slot stays in the batch,
+        # empty, and a fork takes a free slot before the batch grows (each batch size is a compiled graph).
+        self.slots, self.free = list(range(len(rows))), []
+        self.real = torch.zeros((len(rows), 0), dtype=torch.bool, device=self.device)  # [slot, key_pos]
         self.forwards = 0
 
     def feed(
@@ -130,24 +135,32 @@ class Engine:
         # entries (its tokens must follow them directly, or a sliding window would count the padding), and
         # on the left when it has none (a left-padded prompt, as the plain loop feeds it).
         left = self.kv.length == 0
-        chunk = torch.full((len(rows), width), self.pad, dtype=torch.long)
-        new = torch.zeros((len(rows), width), dtype=torch.bool)
-        positions = torch.zeros((len(rows), width), dtype=torch.long)
-        generated = torch.zeros((len(rows), width), dtype=torch.bool)
-        for i, r in enumerate(rows):
+        batch, slots = len(self.real), self.slots
+        chunk = torch.full((batch, width), self.pad, dtype=torch.long)
+        new = torch.zeros((batch, width), dtype=torch.bool)
+        positions = torch.zeros((batch, width), dtype=torch.long)
+        generated = torch.zeros((batch, width), dtype=torch.bool)
+        for s, r in zip(slots, rows, strict=True):
             n, total = r.pending, len(r.tokens)
             r.column = width - n if left else 0
             cols = slice(r.column, r.column + n)
-            chunk[i, cols] = torch.tensor(r.tokens[total - n :])
-            new[i, cols] = True
-            positions[i, cols] = torch.arange(total - n, total)
-            generated[i, cols] = positions[i, cols] >= r.prompt_length
-        chunk, new, positions, generated = (t.to(self.device) for t in (chunk, new, positions, generated))
-        kinds = tuple("recompute" if not self.use_cache else r.kind for r in rows)
-        kind = kinds[0] if len(set(kinds)) == 1 else "mixed"
+            chunk[s, cols] = torch.tensor(r.tokens[total - n :])
+            new[s, cols] = True
+            positions[s, cols] = torch.arange(total - n, total)
+            generated[s, cols] = positions[s, cols] >= r.prompt_length
+        attend = new.clone()  # a free slot attends to its own padding only (no row of the batch sees nothing)
+        attend[self.free] = True
+        chunk, new, positions, generated, attend = (t.to(self.device) for t in (chunk, new, positions, generated,
+                                                                                  attend))  # fmt: skip
+        kinds = ["finished"] * batch
+        ids = [-1] * batch
+        for s, r in zip(slots, rows, strict=True):
+            kinds[s], ids[s] = "recompute" if not self.use_cache else r.kind, r.id
+        live = {kinds[s] for s in slots}
+        kind = live.pop() if len(live) == 1 else "mixed"
         phase = "prefill" if kind == "prompt" else "decode"
-        ctx = HookContext(phase, step, positions, ~new, generated, kind, kinds, tuple(r.id for r in rows))
-        mask = torch.cat([self.real, new], dim=1)
+        ctx = HookContext(phase, step, positions, ~new, generated, kind, tuple(kinds), tuple(ids))
+        mask = torch.cat([self.real, attend], dim=1)
         padded = not bool(mask.all())
         last_column = left or all(r.pending == width for r in rows)
         # Unembed only the columns some row ends at (HF takes a tensor of positions): [batch, few, d_vocab].
@@ -158,6 +171,9 @@ class Engine:
         key_mask = mask.long() if padded else None
         chunk_logits = run_chunk(self.model, self.kv, chunk, key_mask, positions, ctx, keep, step)
         self.forwards += 1
+        if self.free:
+            mask[self.free] = False
+            chunk_logits = chunk_logits[torch.tensor(slots, device=self.device)]
         self.real = mask
         if last_column:
             logits = chunk_logits[:, -1]
@@ -180,32 +196,55 @@ class Engine:
         if not any(drops) and not any(refeed):
             return
         keep = self.real.clone()
-        for i, (r, n, again) in enumerate(zip(self.rows, drops, refeed, strict=True)):
+        for s, r, n, again in zip(self.slots, self.rows, drops, refeed, strict=True):
             if n:
                 del r.tokens[len(r.tokens) - n :]
                 del r.logprobs[max(len(r.tokens) - r.prompt_length, 0) :]
             if again:
                 r.pending, r.kind = 1, "refeed"
             # Right-aligned: a row's newest entries are its last columns.
-            keep[i, keep.shape[1] - n - int(again) :] = False
+            keep[s, keep.shape[1] - n - int(again) :] = False
         self.real = keep
         self._realign()
 
     def fork(self, sources: list[int], rows: list[Row]) -> None:
         """Append ``rows`` to the batch, row ``j`` a copy of batch row ``sources[j]`` (KV included)."""
-        index = torch.tensor(list(range(len(self.rows))) + sources, device=self.device)
-        self.kv.select(index)
-        self.real = self.real.index_select(0, index)
+        if not self.kv.static:
+            index = torch.tensor(list(range(len(self.rows))) + sources, device=self.device)
+            self.kv.select(index)
+            self.real = self.real.index_select(0, index)
+            self.slots = list(range(len(index)))
+        else:
+            missing = len(rows) - len(self.free)
+            if missing > 0:  # grow to the next power of two: the slots to spare are free
+                batch = len(self.real)
+                grown = 1 << (batch + missing - 1).bit_length()
+                self.kv.select(torch.tensor(list(range(batch)) + [0] * (grown - batch), device=self.device))
+                self.real = torch.cat([self.real, self.real.new_zeros((grown - batch, self.real.shape[1]))])
+                self.free += list(range(batch, grown))
+            taken, self.free = self.free[: len(rows)], self.free[len(rows) :]
+            src = torch.tensor([self.slots[i] for i in sources], device=self.device)
+            dst = torch.tensor(taken, device=self.device)
+            self.kv.copy_rows(src, dst)
+            self.real[dst] = self.real[src]
+            self.slots = self.slots + taken
         self.rows = self.rows + rows
 
     def retire(self) -> list[Row]:
-        """Remove finished rows from the batch; returns them."""
+        """Remove finished rows from the batch (a static cache keeps their slots, empty); returns them."""
         done = [r for r in self.rows if r.finish is not None]
         if done:
             keep = [i for i, r in enumerate(self.rows) if r.finish is None]
-            index = torch.tensor(keep, dtype=torch.long, device=self.device)
-            self.kv.select(index)
-            self.real = self.real.index_select(0, index)
+            if self.kv.static:
+                freed = [s for s, r in zip(self.slots, self.rows, strict=True) if r.finish is not None]
+                self.real[freed] = False
+                self.free = sorted(self.free + freed)
+                self.slots = [self.slots[i] for i in keep]
+            else:
+                index = torch.tensor(keep, dtype=torch.long, device=self.device)
+                self.kv.select(index)
+                self.real = self.real.index_select(0, index)
+                self.slots = list(range(len(keep)))
             self.rows = [self.rows[i] for i in keep]
             if self.rows:
                 self._realign()

@@ -138,6 +138,12 @@ class StaticKVRows(KVRows):
         if self.batch:  # the cache of the new batch size (the same object when the size is unchanged)
             self._move_to(static_cache(self.model, self.batch, self.capacity, reset=False), picked)
 
+    def copy_rows(self, sources: Int[Tensor, " n"], targets: Int[Tensor, " n"]) -> None:
+        """Copy rows ``sources`` into rows ``targets`` (a fork into free rows: the batch size stays)."""
+        for layer in self._layers():
+            for t in (layer.keys, layer.values):
+                t[targets] = t[sources]
+
     def realign(self, order: Int[Tensor, "batch key_pos"], start: int) -> None:
         n = self.used
         for layer in self._layers():
