@@ -140,6 +140,10 @@ class _Driver:
         self.engine, self.p, self.drafts, self.captured = engine, p, drafts, captured
         self.records = RowRecords(p)
         self.drafted: dict[int, int] = {}  # row id → drafts at the end of its tokens, fed but not yet verified
+        # row id → how many drafts it asks for next: after a rejection, one more than it accepted; after a full
+        # acceptance, twice as many (up to k). A verify chunk is as wide as its widest row, so rows whose drafts
+        # keep failing should not widen it.
+        self.ask: dict[int, int] = {}
         self.step = 0
 
     def round(self, next_id: int) -> list[Row]:
@@ -160,6 +164,8 @@ class _Driver:
                 decisions.append(self._decide(r, i, logits))
                 continue
             drops[i], outcome = self._walk(r, i, chunk, m)
+            kept = m - drops[i] if r.finish is None else m
+            self.ask[r.id] = min(self.drafts.k, 2 * m) if kept == m else kept + 1
             if isinstance(outcome, tuple):  # a decision the walk does not take itself: `_apply` at that position
                 decisions.append(outcome[0])
                 at[i] = outcome[1]
@@ -396,9 +402,10 @@ class _Driver:
                 and r.kind in ("sampled", "forced") and room[r.id] > 0]  # fmt: skip
         if not rows:
             return
-        k = min(self.drafts.k, max(room[r.id] for r in rows))
+        want = {r.id: min(room[r.id], self.ask.get(r.id, self.drafts.k)) for r in rows}
+        k = max(want.values())
         for r, d in zip(rows, self.drafts.propose([r.tokens for r in rows], k), strict=True):
-            d = [int(t) for t in d[: room[r.id]]]
+            d = [int(t) for t in d[: want[r.id]]]
             if d:
                 r.tokens.extend(d)
                 r.logprobs.extend([math.nan] * len(d))
