@@ -120,26 +120,42 @@ def test_prompt_lookup_drafts():
 
 
 # -- sampling: exact in distribution ------------------------------------------------------------------------
-def test_speculative_sampling_matches_the_model_distribution():
+@pytest.mark.parametrize("masked", [False, True], ids=["free", "controller_mask"])
+def test_speculative_sampling_matches_the_model_distribution(masked):
     """Tokens 2 and 3 after a prompt, drawn with the model as its own assistant (drafts accepted with
-    probability p(draft), else redrawn from the rest), against their exact marginals from plain forwards."""
+    probability p(draft), else redrawn from the rest), against their exact marginals from plain forwards.
+    With a controller that bans, everywhere, the likeliest first token and the assistant's first draft after
+    each of the four likeliest (so ~97% of first drafts are banned), p is the masked distribution and a banned
+    draft is never kept."""
     model = make_bridge("llama", seed=1)
     prompt = model.to_tokens("abcab")
+    allowed = torch.ones(V, dtype=torch.bool)
+    if masked:
+        with torch.no_grad():
+            first = model(prompt)[0, -1]
+            drafts = model(torch.cat([prompt.repeat(V, 1), torch.arange(V)[:, None]], 1))[:, -1].argmax(-1)
+        allowed[first.argmax()] = False
+        allowed[drafts[first.topk(4).indices]] = False
     temp, rows, calls = 0.02, 16, 150  # a peaked distribution: drafts (argmaxes) are often accepted
     draws = []
     for seed in range(calls):
         out = model.generate(prompt.repeat(rows, 1), max_new_tokens=3, do_sample=True, temperature=temp, top_k=0,
-                             stop_at_eos=False, assistant_model=model, num_assistant_tokens=2, seed=seed)  # fmt: skip
+                             stop_at_eos=False, assistant_model=model, num_assistant_tokens=2, seed=seed,
+                             controller=(lambda v: Branch.sample(allowed)) if masked else None)  # fmt: skip
         draws.append(out[:, prompt.shape[1] :])
     draws = torch.cat(draws)
     n = draws.shape[0]
+
     # Exact: P(t1) from the prompt, P(t2 | t1) from V forwards, P(t3 | t1, t2) from V² forwards.
+    def dist(logits):
+        return (logits.masked_fill(~allowed, -torch.inf) / temp).softmax(-1)
+
     with torch.no_grad():
-        p1 = (model(prompt)[0, -1] / temp).softmax(-1)
+        p1 = dist(model(prompt)[0, -1])
         ext = torch.cat([prompt.repeat(V, 1), torch.arange(V)[:, None]], 1)
-        p2 = (model(ext)[:, -1] / temp).softmax(-1)  # [t1, t2]
+        p2 = dist(model(ext)[:, -1])  # [t1, t2]
         ext2 = torch.cat([ext.repeat_interleave(V, 0), torch.arange(V).repeat(V)[:, None]], 1)
-        p3 = (model(ext2)[:, -1] / temp).softmax(-1).reshape(V, V, V)
+        p3 = dist(model(ext2)[:, -1]).reshape(V, V, V)
     joint12 = p1[:, None] * p2
     exact = {1: joint12.sum(0), 2: (joint12[..., None] * p3).sum((0, 1))}
     gen = torch.Generator().manual_seed(0)
@@ -149,8 +165,9 @@ def test_speculative_sampling_matches_the_model_distribution():
         null = [0.5 * (torch.multinomial(probs, n, True, generator=gen).bincount(minlength=V).double() / n
                        - probs.double()).abs().sum() for _ in range(300)]  # fmt: skip
         assert tv <= torch.stack(null).quantile(0.999) * 1.1, (col, tv)
-    # And the drafts were accepted often enough to matter: the sampled tokens differ from the argmax.
+    # And the drafts were accepted often enough to matter (the tokens are often the masked argmax).
     assert (draws[:, 1] == p2.argmax(-1)[draws[:, 0]]).float().mean() > 0.2
+    assert allowed[draws].all()
 
 
 # -- per-row acceptance, positions -------------------------------------------------------------------------
