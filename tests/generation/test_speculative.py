@@ -93,8 +93,10 @@ def test_drafts_are_verified_in_few_forwards_and_hooks_see_the_chunk():
     assert verify[0] == 5 and len(verify) == 4  # 1 + 5 + 5 + 5 + 4 = 20 tokens
 
 
-def test_position_steering_gives_the_same_tokens_with_speculation(model):
+@pytest.mark.parametrize("controlled", [False, True], ids=["plain", "controller"])
+def test_position_steering_gives_the_same_tokens_with_speculation(model, controlled):
     tokens, mask = batch(model)
+    extra = {"controller": NoRepeat()} if controlled else {}
     vec = torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(0))
 
     def steer(resid, hook):  # steer positions 6.. only: depends on each token's absolute position
@@ -102,10 +104,10 @@ def test_position_steering_gives_the_same_tokens_with_speculation(model):
 
     point = "blocks.0.hook_resid_post"
     with model.hooks(fwd_hooks=[(point, steer)]):
-        plain = model.generate(tokens, attention_mask=mask, max_new_tokens=12, return_dict=True)
+        plain = model.generate(tokens, attention_mask=mask, max_new_tokens=12, return_dict=True, **extra)
         fast = model.generate(tokens, attention_mask=mask, max_new_tokens=12, return_dict=True,
-                              prompt_lookup_num_tokens=3)  # fmt: skip
-    unsteered = model.generate(tokens, attention_mask=mask, max_new_tokens=12, return_dict=True)
+                              prompt_lookup_num_tokens=3, **extra)  # fmt: skip
+    unsteered = model.generate(tokens, attention_mask=mask, max_new_tokens=12, return_dict=True, **extra)
     assert same(fast, plain)
     assert not torch.equal(plain.sequences, unsteered.sequences)  # the steering does change the tokens
 
