@@ -65,6 +65,33 @@ def test_batch_of_one_compiled_equals_the_eager_loop(family):
     torch.testing.assert_close(compiled.logits, plain.logits, atol=1e-4, rtol=0)
 
 
+def test_batch_of_one_with_steering_and_a_python_hook():
+    """The rewritten step runs hooks as the eager loop does: one `steer` (updated without retracing) and a
+    Python hook reading ``hook.ctx``."""
+    model = make_bridge("llama", seed=5)
+    tokens = model.to_tokens("Hello world")
+    point = "blocks.1.hook_resid_post"
+    v = 2 * torch.randn(model.cfg.d_model, generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=10, min_new_tokens=10, return_dict=True, output_logits=True)
+
+    def late(x, hook):
+        return x + v * (hook.ctx.positions >= 8)[..., None]
+
+    def run(**options):
+        return model.generate(tokens, **kw, **options)
+
+    with model.steer(point, add=v) as s:
+        plus_eager, plus = run(), run(compile=True)
+        s.update(add=-v)
+        minus_eager, minus = run(), run(compile=True)
+    with model.hooks(fwd_hooks=[(point, late)]):
+        late_eager, late_compiled = run(), run(compile=True)
+    assert not torch.equal(plus.sequences, minus.sequences)
+    for got, want in ((plus, plus_eager), (minus, minus_eager), (late_compiled, late_eager)):
+        assert torch.equal(got.sequences, want.sequences)
+        torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=0)
+
+
 def test_weights_edited_after_compiling_are_used():
     """Nothing is frozen into the compiled step: an in-place weight edit shows in the next compiled call."""
     model = make_bridge("llama", seed=3)
