@@ -181,6 +181,21 @@ def test_reads_come_from_the_same_forward(model):
         torch.testing.assert_close(got, ref[name][0, -got.shape[0] :], atol=1e-5, rtol=0)
 
 
+def test_reads_with_a_static_cache_after_a_row_finishes(model):
+    """A static cache keeps a finished row's slot in the batch: the reads of the rows after it are still
+    theirs (against `run_with_cache` over each view's tokens)."""
+    tokens, mask = batch(model)
+    name = "blocks.1.hook_resid_post"
+    c = Script({(0, 2, False): []}, reads=[name])  # row 0 stops after 2 tokens, rows 1 and 2 go on
+    out = model.generate(tokens, attention_mask=mask, max_new_tokens=6, controller=c, return_dict=True,
+                         cache_implementation="static", stop_at_eos=False)  # fmt: skip
+    assert out.finish_reasons[0] == "controller" and any(v.row == 2 and v.step > 3 for v in c.views)
+    for v in c.views:
+        _, ref = model.run_with_cache(torch.tensor([v.tokens]), names_filter=[name])
+        got = v.reads[name]
+        torch.testing.assert_close(got, ref[name][0, -got.shape[0] :], atol=1e-5, rtol=0)
+
+
 def test_no_op_controller_equals_plain_generate(model):
     tokens, mask = batch(model)
     plain = model.generate(tokens, attention_mask=mask, max_new_tokens=8, return_dict=True)

@@ -204,7 +204,8 @@ class _Driver:
             return [branch]
         if row.controller is None:
             return [_FREE]
-        reads = {name: _newest(t[i], name, row.column, row.fresh) for name, t in self.captured.items()}
+        slot = self.engine.slots[i]  # hooks see the batch by slot (a static cache keeps finished rows' slots)
+        reads = {name: _newest(t[slot], name, row.column, row.fresh) for name, t in self.captured.items()}
         view = View(row.id, self.step, list(row.tokens), row.prompt_length, row.branch, row.parent, row.backtracked,
                     list(row.appended), logits[i], reads)  # fmt: skip
         return _ask(row, view)
@@ -222,8 +223,8 @@ class _Driver:
             if r.controller is None:
                 branches = [_FREE]
             else:
-                reads = {name: _newest(t[i], name, r.column + pos - len(appended) - fed, len(appended))
-                         for name, t in self.captured.items()}  # fmt: skip
+                reads = {name: _newest(t[self.engine.slots[i]], name, r.column + pos - len(appended) - fed,
+                                       len(appended)) for name, t in self.captured.items()}  # fmt: skip
                 view = View(r.id, self.step, r.tokens[:pos], r.prompt_length, r.branch, r.parent, backtracked,
                             list(appended), lg, reads)  # fmt: skip
                 branches = _ask(r, view)

@@ -14,7 +14,9 @@ one-hot draft distribution q), so the standard acceptance rule (`verify`) is sim
 
 The loop is the row driver's (`control.generate`): after a row's token is chosen its drafts are appended
 as pending tokens of kind ``"verify"`` and fed with the other rows' chunks in one forward; then each row
-walks its chunk's logits on its own (per-row acceptance) and rewinds only its own rejected drafts.
+walks its chunk's logits on its own (per-row acceptance) and rewinds only its own rejected drafts. A row
+asks for up to k drafts at first, then one more than it accepted after a rejection and twice as many after
+a full acceptance: a verify chunk is as wide as its widest row, so rows whose drafts fail keep it narrow.
 """
 
 from dataclasses import dataclass
