@@ -6,6 +6,7 @@ import itertools
 import pytest
 import torch
 from conftest import FAMILIES, V, make_bridge, perturb_
+from torch._dynamo.utils import counters
 
 from transformer_bridge import Branch, grammar
 from transformer_bridge.generation import fast
@@ -151,10 +152,13 @@ def test_compiled_grammar_equals_the_eager_grammar(family):
     model = make_bridge(family)
     pattern = r"(ab|cd)[0-9]{2,3}! [a-z]{1,6}\."  # forced chunks, masked samples, rows finishing apart
     kw = dict(max_new_tokens=30, return_dict=True)
+    model.generate(PROMPTS, max_new_tokens=30, compile=True)  # the plain loop compiles the (3, 64) step
+    graphs = counters["stats"]["unique_graphs"]
     eager = model.generate(PROMPTS, controller=grammar.regex(pattern), **kw)
     compiled = model.generate(PROMPTS, controller=grammar.regex(pattern), compile=True, **kw)
     assert torch.equal(compiled.sequences, eager.sequences) and compiled.finish_reasons == eager.finish_reasons
     assert compiled.finish_reasons == ["controller"] * 3
+    assert counters["stats"]["unique_graphs"] == graphs  # the engine reuses it, as rows finish too
 
 
 @pytest.mark.slow

@@ -274,7 +274,7 @@ def generate(
                 controllers = [c for c in controllers for _ in range(n)]
                 if n > 1:
                     controllers = [control.own_copy(c) for c in controllers]
-            length = tokens.shape[1] + p.max_new_tokens + kvrows.SLACK  # a static cache: prompt + new (+ slack)
+            length = tokens.shape[1] + p.max_new_tokens  # a static cache: prompt + new tokens
             kv = kvrows.StaticKVRows(model, len(tokens), length) if static else None
             steps = request.max_steps if request.controller is not None else None
             out = control.generate(model, tokens, mask, p, controllers, steps, kv, static and compile, drafts)

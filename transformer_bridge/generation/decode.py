@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from ..cache import ActivationCache
 from ..core import BridgeCore
 from ..hook_points import HookContext
-from .fast import SYNC_EVERY, bucket_length, compiled_step
+from .fast import SYNC_EVERY, compiled_step
 from .kv import make_kv, run_chunk
 from .options import Plan
 from .outputs import FINISH_REASONS, GenerationOutput
@@ -135,7 +135,7 @@ def decode_steps(
     total = width + p.max_new_tokens
     kv = make_kv(model, batch, total, static) if p.use_cache else None
     # Static: buffers of the bucket's length, so the mask a step reads spans the whole cache.
-    length = bucket_length(total) if static else total
+    length = kv.capacity if static else total
     seq = tokens.new_full((batch, length), p.pad_token_id)
     seq[:, :width] = tokens
     full_mask = mask.new_zeros((batch, length))

@@ -22,7 +22,7 @@ size when rows finish: a finished row's slot stays in the batch as padding (``ho
 ``row_kinds`` ``"finished"``; it attends to its own padding token only), and a fork fills free slots
 first; only a fork with no free slot grows the batch, to the next power of two. Each batch size is
 one compiled graph per bucket (made once per process), so a batch of 8 whose rows finish one by one
-compiles one graph, and a row that forks into 2, 3, 4, 5 rows compiles three (1, 2, 4, 8 rows).
+compiles one graph, and a row that forks until it is 5 rows compiles four (1, 2, 4, 8 rows).
 """
 
 import math

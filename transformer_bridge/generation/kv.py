@@ -12,7 +12,8 @@ appends.
   but cuts every row alike; a per-row rewind is a gather. It is built without the model config, so
   sliding-window layers keep every entry: a rewind may need entries a window would have dropped, and
   the window itself is applied by the mask.
-* `StaticKVRows`: HF's `StaticCache` of a fixed length (a `fast.bucket_length` bucket), written in place
+* `StaticKVRows`: HF's `StaticCache` of a fixed length (a `fast.bucket_length` bucket of the positions
+  needed + `SLACK`), written in place
   at ``cache_position`` (the used columns so far: every row writes the same columns, as in the dynamic
   cache); the attention mask covers the whole bucket, 0 on columns not yet written. Sliding-window
   layers are full ones here too. The four operations copy into the same preallocated tensors (a compiled
@@ -39,7 +40,9 @@ from ..core import BridgeCore
 from ..hook_points import HookContext
 from .fast import COMPILE_SECONDS, RECOMPILE_LIMIT, bucket_length
 
-SLACK = 16  # positions a static cache keeps beyond prompt + max_new_tokens (an uneven or forced chunk)
+# Positions a static cache keeps beyond prompt + max_new_tokens (the engine's uneven or forced chunks; the
+# plain loop's cache has it too, so both drivers of one call land in the same bucket and compiled graph).
+SLACK = 16
 
 
 class KVRows:
@@ -108,7 +111,7 @@ class StaticKVRows(KVRows):
     """A preallocated `StaticCache` with the same operations as `KVRows`; see the module docstring.
 
     Example:
-        >>> kv = StaticKVRows(model, batch=2, length=70)   # a 128-column bucket
+        >>> kv = StaticKVRows(model, batch=2, length=70)   # 70 + SLACK positions: a 128-column bucket
         >>> kv.capacity, kv.length
         (128, 0)
     """
@@ -117,7 +120,7 @@ class StaticKVRows(KVRows):
 
     def __init__(self, model: BridgeCore, batch: int, length: int) -> None:
         self.model, self.batch, self.used = model, batch, 0
-        self.cache = static_cache(model, batch, bucket_length(length))
+        self.cache = static_cache(model, batch, bucket_length(length + SLACK))
 
     @property
     def length(self) -> int:
@@ -227,9 +230,12 @@ def run_chunk(
     key_mask = None if mask is None else kv.key_mask(mask)
     extra = kv.chunk_kwargs(width)
     if step is not None and kv.static and width == 1:
+        # Fresh contiguous inputs: the compiled graph is specialised to their strides, and the two drivers
+        # (slices of the plain loop's buffers, the engine's own tensors) then share one graph per bucket.
+        token, position = (t.new_empty(t.shape).copy_(t) for t in (tokens, positions))
         start = time.perf_counter()
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-            logits = step(model, tokens, positions, key_mask, kv.cache, extra["cache_position"], ctx)[:, None]
+            logits = step(model, token, position, key_mask, kv.cache, extra["cache_position"], ctx)[:, None]
         COMPILE_SECONDS.setdefault((tokens.shape[0], kv.capacity), time.perf_counter() - start)
     else:
         out = model.run_model(tokens, key_mask, ctx, past_key_values=kv.cache, position_ids=positions,
