@@ -10,7 +10,12 @@ loop waits for (the mask of a step is computed in a worker while the forward run
 mask / forced-token computation itself; both per output token and as a share of an unconstrained
 decode step. Every output is parsed and validated against the schema.
 
-    python benchmarks/control.py [--prompts 20] [--rounds 1] [--threads N] [--flush-denormal]
+    python benchmarks/control.py [--prompts 20] [--rounds 1] [--threads N] [--flush-denormal] [--compile]
+
+``--compile`` adds the grammar (with fast-forward) and unconstrained generation with ``compile=True``
+(static KV cache, compiled one-token step; the grammar's forced chunks run eagerly over the same cache),
+and ``cache_implementation="static"`` for the grammar; each compiled variant is warmed up on the first
+prompt before the timings (compile seconds printed).
 
 Unconstrained runs generate as many tokens as the constrained output of the same prompt
 (``min_new_tokens``), so past where SmolLM2 would stop; on CPU its activations can then hold denormal
@@ -100,6 +105,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--flush-denormal", action="store_true", help="flush denormal floats to zero (all variants)")
+    parser.add_argument("--compile", action="store_true", help="add compiled (static-cache) variants")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -118,10 +124,10 @@ def main() -> None:
     def json_tokens(ids: list[int]) -> list[int]:
         return [t for t in ids if t != tok.eos_token_id]
 
-    def bridge(fast_forward: bool):
+    def bridge(fast_forward: bool, **options):
         def run(text: str):
             g = grammar.json_schema(SCHEMA, fast_forward=fast_forward)
-            out = model.generate(text, max_new_tokens=MAX_NEW, controller=g, return_dict=True)
+            out = model.generate(text, max_new_tokens=MAX_NEW, controller=g, return_dict=True, **options)
             return json_tokens(out.new_tokens[0][out.attention_mask[0, out.prompt_width :].bool()].tolist()), g.stats
 
         return run
@@ -133,6 +139,15 @@ def main() -> None:
         out = model.generate(text, max_new_tokens=n, min_new_tokens=n, return_dict=True)
         return out.new_tokens[0].tolist(), None
 
+    def unconstrained_compiled(text: str):
+        # The static cache's bucket follows max_new_tokens: MAX_NEW for every prompt (one compiled graph),
+        # stopped after n tokens by a criterion (the same tokens as max_new_tokens=n).
+        n, width = lengths.get(text, MAX_NEW), len(tok(text).input_ids)
+        stop = [lambda ids, scores: torch.full((ids.shape[0],), ids.shape[1] >= width + n)]
+        out = model.generate(text, max_new_tokens=MAX_NEW, min_new_tokens=n, stopping_criteria=stop,
+                             return_dict=True, compile=True)  # fmt: skip
+        return out.new_tokens[0][out.attention_mask[0, out.prompt_width :].bool()].tolist(), None
+
     def hf_route(text: str):
         ids = tok(text, return_tensors="pt").input_ids
         proc = LLGuidanceProcessor(ll_tokenizer, grammar.json_schema(SCHEMA).grammar, ids.shape[1])
@@ -142,9 +157,18 @@ def main() -> None:
 
     variants = {"grammar (ff)": bridge(True), "grammar (no ff)": bridge(False), "HF + llguidance processor": hf_route,
                 "unconstrained": unconstrained}  # fmt: skip
+    if args.compile:
+        variants["grammar (ff, static cache)"] = bridge(True, cache_implementation="static")
+        variants["grammar (ff, compiled)"] = bridge(True, compile=True)
+        variants["unconstrained (compiled)"] = unconstrained_compiled
     # Lengths for the unconstrained runs: as many tokens as the constrained output of the same prompt.
     for text in prompts:
         lengths[text] = max(len(bridge(True)(text)[0]), 1)
+    if args.compile:  # compile outside the timings
+        for name in ("grammar (ff, compiled)", "unconstrained (compiled)"):
+            start = time.perf_counter()
+            variants[name](prompts[0])
+            print(f"{name}: first call (compiles) {time.perf_counter() - start:.1f} s")
     totals = {name: {"s": [], "tokens": 0, "forwards": 0, "valid": 0, "blocking": 0.0, "decide": 0.0}
               for name in variants}  # fmt: skip
     for r in range(args.rounds):
@@ -160,7 +184,7 @@ def main() -> None:
                 if r == 0:
                     t["tokens"] += len(ids)
                     t["forwards"] += forwards[0]
-                    t["valid"] += valid(tok.decode(ids)) if name != "unconstrained" else 0
+                    t["valid"] += valid(tok.decode(ids)) if not name.startswith("unconstrained") else 0
                     if stats:
                         t["blocking"] += stats["blocking_s"]
                         t["decide"] += stats["decide_s"]
@@ -177,15 +201,16 @@ def main() -> None:
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for name, t in totals.items():
+        free = name.startswith("unconstrained")
         seconds = sum(t["s"]) / args.rounds
         rate = t["tokens"] / seconds
         base_rate = base["tokens"] / (sum(base["s"]) / args.rounds)
         blocking = t["blocking"] / t["tokens"] * 1e6 if t["tokens"] else 0.0
-        row = (name, f"{t['valid']}/{n}" if name != "unconstrained" else "-", str(t["tokens"]),
+        row = (name, f"{t['valid']}/{n}" if not free else "-", str(t["tokens"]),
                f"{t['forwards'] / t['tokens']:.2f}", f"{rate:.1f}", f"{rate / base_rate:.2f}",
-               f"{blocking:.0f}" if name != "unconstrained" else "-",
-               f"{blocking / 1e6 / step_s * 100:.1f}" if name != "unconstrained" else "-",
-               f"{t['decide'] / t['tokens'] * 1e6:.0f}" if name != "unconstrained" else "-")  # fmt: skip
+               f"{blocking:.0f}" if not free else "-",
+               f"{blocking / 1e6 / step_s * 100:.1f}" if not free else "-",
+               f"{t['decide'] / t['tokens'] * 1e6:.0f}" if not free else "-")  # fmt: skip
         print("| " + " | ".join(row) + " |")
     medians = ", ".join(f"{k} {statistics.median(v['s']):.2f}" for k, v in totals.items())
     print(f"\nmedian seconds per prompt: {medians}")

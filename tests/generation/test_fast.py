@@ -37,8 +37,10 @@ def test_static_cache_equals_the_plain_loop(model):
 
 
 @pytest.mark.filterwarnings("ignore:GPTNeoForCausalLM does not support a static KV cache")
-def test_rows_stopping_between_two_looks_of_the_host(model):
-    """The host looks every 8 steps: steps run after the last row stopped must leave no trace."""
+def test_rows_stopping_between_two_looks_of_the_host(model, monkeypatch):
+    """The host looks every 8 steps (on an accelerator; made so here): steps run after the last row stopped must
+    leave no trace."""
+    monkeypatch.setattr(fast, "SYNC_EVERY_CPU", 8)
     tokens, mask = batch(model)
     free = model.generate(tokens, attention_mask=mask, max_new_tokens=20, stop_at_eos=False, return_dict=True)
     for stop_at in (2, 5):
@@ -49,6 +51,20 @@ def test_rows_stopping_between_two_looks_of_the_host(model):
         assert_same(static, plain)
         assert static.top_logprobs.shape == plain.top_logprobs.shape
         assert static.sequences.shape[1] < tokens.shape[1] + 20
+
+
+def test_on_the_cpu_no_step_runs_past_the_end():
+    """On the CPU the host looks every step (free there): a static-cache run costs the plain loop's forwards."""
+    model = make_bridge("llama")
+    tokens, mask = batch(model)
+    free = model.generate(tokens, attention_mask=mask, max_new_tokens=20, stop_at_eos=False, return_dict=True)
+    eos = [free.new_tokens[i, 2].item() for i in range(3)]
+    forwards = []
+    with model.hooks(fwd_hooks=[("hook_embed", lambda x, hook: forwards.append(hook.ctx.step))]):
+        model.generate(tokens, attention_mask=mask, max_new_tokens=20, eos_token_id=eos)
+        plain = len(forwards)
+        model.generate(tokens, attention_mask=mask, max_new_tokens=20, eos_token_id=eos, cache_implementation="static")
+    assert len(forwards) == 2 * plain and plain <= 3
 
 
 def test_gpt_neo_warns_and_runs_the_dynamic_loop():

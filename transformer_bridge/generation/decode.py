@@ -10,7 +10,8 @@ over cached + new positions, exactly as HF's own ``generate`` builds them, so gr
 The KV cache is dynamic (HF's `DynamicCache`; the host looks at the finished rows after every step) or
 static (``cache_implementation="static"`` / ``compile=True``: `kv.StaticKVRows`, preallocated for
 prompt + ``max_new_tokens`` rounded up to a bucket; finished rows and stop conditions stay on the device
-and the host looks every `fast.SYNC_EVERY` steps, every step with a streamer). With ``compile=True`` the
+and the host looks every `fast.SYNC_EVERY` steps on an accelerator, every step on the CPU or with a
+streamer). With ``compile=True`` the
 one-token step is `fast.compiled_step`. Every forward goes through `kv.run_chunk`, as the controlled
 engine's do.
 
@@ -31,7 +32,7 @@ from transformers import DynamicCache
 from ..cache import ActivationCache
 from ..core import BridgeCore
 from ..hook_points import HookContext
-from .fast import SYNC_EVERY, compiled_step
+from . import fast
 from .kv import make_kv, run_chunk
 from .options import Plan
 from .outputs import FINISH_REASONS, GenerationOutput
@@ -127,7 +128,8 @@ def decode_steps(
     Each yield is ``(token [batch], real [batch])``: a finished row gets the pad token and ``real`` 0
     (a view of the output's attention mask). Finished rows are frozen to the pad token; the loop ends
     when every row has stopped (seen by the host every step with a dynamic cache, every
-    `fast.SYNC_EVERY` steps with a static one: the steps between append padding only and are cut).
+    `fast.SYNC_EVERY` steps with a static one on an accelerator: the steps between append padding only and
+    are cut).
     `generate_stream` iterates it: the next forward runs only when the next token is asked for.
     ``static`` / ``compile``: the static cache and the compiled one-token step (see the module docstring).
     """
@@ -146,8 +148,9 @@ def decode_steps(
     reason = torch.zeros(batch, dtype=torch.long, device=tokens.device)
     records = _Records(p)
     padded = not bool(mask.all())  # no padding: HF's own mask-free (fastest) attention path
-    step_fn = compiled_step(model) if compile else None
-    every = SYNC_EVERY if static and p.streamer is None else 1
+    step_fn = fast.compiled_step(model) if compile else None
+    every = fast.SYNC_EVERY_CPU if tokens.device.type == "cpu" else fast.SYNC_EVERY
+    every = every if static and p.streamer is None else 1
     if p.streamer is not None:
         p.streamer.put(tokens.cpu())
 

@@ -16,7 +16,8 @@ first real token is 0), and one token per row. Hooks run inside the compiled ste
 in the eager loop. The prefill and the ``return_cache`` recompute stay eager.
 
 No host sync per step in the plain loop: finished rows and stop conditions live on the device, and
-the host asks whether every row is done only every `SYNC_EVERY` steps (every step with a streamer).
+the host asks whether every row is done only every `SYNC_EVERY` steps on an accelerator (every step
+on the CPU, where the look is free and a step past the end is not, and with a streamer).
 Steps run after every row finished append padding only, and the output is cut to the last real token,
 so the sequences equal the dynamic loop's.
 """
@@ -36,7 +37,10 @@ from ..hook_points import HookContext
 from .options import Plan
 
 BUCKET = 64  # cache lengths are rounded up to a multiple of this
-SYNC_EVERY = 8  # decode steps between two looks of the host at the finished rows
+SYNC_EVERY = 8  # decode steps between two looks of the host at the finished rows, on an accelerator
+# On the CPU nothing runs ahead of the host, so a look costs nothing, and a step run past the end costs a
+# whole forward: the host looks every step there.
+SYNC_EVERY_CPU = 1
 # One compiled step serves every model of the process: each (model, bucket, set of hooks) is one of its
 # graphs. Dynamo's default limit (8) would silently send the ninth back to eager code.
 RECOMPILE_LIMIT = 256
