@@ -126,3 +126,14 @@ def test_endless_backtracking_stops_at_max_steps(model):
         out = model.generate("Hello", max_new_tokens=4, controller=rewind_forever, max_steps=6, return_dict=True)
     assert out.finish_reasons == ["max_steps"] and len(forwards) == 7  # the prompt + 6 steps
     assert out.new_tokens[0].tolist() == [7]
+
+
+def test_a_state_space_model_refuses_a_controller():
+    from test_ssm import make_mamba
+
+    mamba = make_mamba()
+    with pytest.raises(ValueError, match=r"`controller` cannot drive a state-space model \(mamba\)"):
+        mamba.generate("Hello", max_new_tokens=3, controller=lambda v: None)
+    with pytest.raises(ValueError, match="state-space model"):
+        mamba.generate("Hello", max_new_tokens=3, prompt_lookup_num_tokens=2)
+    assert_clean(mamba)

@@ -66,6 +66,12 @@ def check_controller(controller: Any, batch: int, model: BridgeCore) -> list[Any
 
     A controller with ``bind(model)`` (a grammar: it needs the tokenizer) is replaced by what that returns.
     """
+    if model.adapter.ssm is not None:
+        raise ValueError(
+            f"`controller` cannot drive a state-space model ({model.cfg.model_type}): the controlled engine keeps "
+            "each row's past as KV entries it rewinds, copies and realigns per row, and a recurrent state has none. "
+            "Generate without a controller (logits processors still apply)."
+        )
     given = list(controller) if isinstance(controller, (list, tuple)) else None
     if given is not None and len(given) != batch:
         raise ValueError(f"`controller` is a list of {len(given)}; give one per prompt ({batch}) or a single one.")
