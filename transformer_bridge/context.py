@@ -24,12 +24,15 @@ class HookContext:
         kind: what the chunk holds: ``"forward"``, ``"prompt"``, ``"sampled"`` (tokens just sampled),
             ``"forced"`` (tokens a controller appended without sampling: k of them in one forward),
             ``"refeed"`` (a row's last kept token again, after a backtrack), ``"recompute"`` (a whole
-            row again, ``use_cache=False``), ``"verify"`` (speculative decoding: each row's last token
-            and its drafts; rejected ones are rolled back), or ``"mixed"`` when rows differ (see
-            ``row_kinds``).
-        row_kinds: one of those per row of the batch, in a controlled `generate` (else empty).
-        rows: the output row each batch row is, in a controlled `generate` (forks add rows; finished
-            rows leave the batch), else empty.
+            row again, ``use_cache=False``), ``"verify"`` (speculative decoding: a row's newest token
+            and its drafts, which are checked against the logits of this forward; rejected ones are
+            rolled back), ``"finished"`` (a static cache keeps a finished row's slot: padding), or
+            ``"mixed"`` when rows differ (see ``row_kinds``).
+        row_kinds: one of those per row of the batch, in a controlled or speculative `generate` (else
+            empty).
+        rows: the output row each batch row is, in a controlled or speculative `generate` (forks add
+            rows; a finished row leaves the batch, or keeps its slot as -1 with a static cache), else
+            empty.
 
     Example:
         >>> def only_position_5(resid, hook):
