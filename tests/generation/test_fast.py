@@ -86,8 +86,6 @@ def test_bucket_and_bad_arguments():
         model.generate(tokens, max_new_tokens=3, cache_implementation="offloaded")
     with pytest.raises(ValueError, match="num_beams"):
         model.generate(tokens, max_new_tokens=3, compile=True, num_beams=2)
-    with pytest.raises(ValueError, match="speculative"):
-        model.generate(tokens, max_new_tokens=3, cache_implementation="static", prompt_lookup_num_tokens=2)
     with pytest.raises(TypeError, match="generate"):
         model.generate_stream(tokens, max_new_tokens=3, compile=True)
 

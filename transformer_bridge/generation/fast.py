@@ -95,7 +95,7 @@ def compiled_step(model: BridgeCore) -> Callable:
 def check(model: BridgeCore, cache_implementation: Any, compile: Any, p: Plan, controller: Any, drafts: Any) -> bool:
     """Whether `generate` decodes over a static cache; raises, naming the keyword, for what cannot go with it.
 
-    A ``controller`` goes with it (the controlled engine has a static cache too).
+    A ``controller`` and speculative decoding (``drafts``) go with it: the row driver has a static cache too.
     """
     if not isinstance(compile, bool):
         raise TypeError(f"`compile` must be True or False, got {compile!r}.")
@@ -105,7 +105,6 @@ def check(model: BridgeCore, cache_implementation: Any, compile: Any, p: Plan, c
         return False
     which = "compile=True" if compile else "cache_implementation='static'"
     clash = [name for name, on in (("num_beams > 1", p.search.num_beams > 1), ("use_cache=False", not p.use_cache),
-                                   ("speculative decoding", drafts is not None),
                                    ("a state-space model", model.adapter.ssm is not None)) if on]  # fmt: skip
     if clash:
         raise ValueError(f"`{which}` (a static KV cache) cannot be combined with {clash[0]}; drop one of them.")
