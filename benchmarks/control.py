@@ -115,9 +115,15 @@ def main() -> None:
     model.cfg.default_prepend_bos = False
     tok = model.tokenizer
     prompts = [prompt(p) for p in (PEOPLE * 2)[: args.prompts]]
-    forwards = [0]
+    # A tensor, not a Python int: a compiled step traces the hook, and an int it reads would be a guard
+    # (one recompile per forward).
+    forwards = torch.zeros((), dtype=torch.long)
     embed = model.hf_model.get_input_embeddings()
-    counter = embed.register_forward_hook(lambda *a: forwards.__setitem__(0, forwards[0] + 1))
+
+    def count(*args) -> None:
+        forwards.add_(1)
+
+    counter = embed.register_forward_hook(count)
     grammar.json_schema(SCHEMA).bind(model)  # build llguidance's tokenizer once, outside the timings
     ll_tokenizer = llguidance.hf.from_tokenizer(tok)  # the same grammar text and tokenizer for the HF route
 
@@ -175,7 +181,7 @@ def main() -> None:
         for i, text in enumerate(prompts):
             order = list(variants) if (i + r) % 2 == 0 else list(reversed(variants))
             for name in order:
-                forwards[0] = 0
+                forwards.zero_()
                 start = time.perf_counter()
                 ids, stats = variants[name](text)
                 elapsed = time.perf_counter() - start
@@ -183,7 +189,7 @@ def main() -> None:
                 t["s"].append(elapsed)
                 if r == 0:
                     t["tokens"] += len(ids)
-                    t["forwards"] += forwards[0]
+                    t["forwards"] += int(forwards)
                     t["valid"] += valid(tok.decode(ids)) if not name.startswith("unconstrained") else 0
                     if stats:
                         t["blocking"] += stats["blocking_s"]
