@@ -411,7 +411,7 @@ class _Driver:
             return
         want = {r.id: min(room[r.id], self.ask.get(r.id, self.drafts.k)) for r in rows}
         k = max(want.values())
-        for r, d in zip(rows, self.drafts.propose([r.tokens for r in rows], k), strict=True):
+        for r, d in zip(rows, self.drafts.propose([r.tokens for r in rows], k, [r.id for r in rows]), strict=True):
             d = [int(t) for t in d[: want[r.id]]]
             if d:
                 r.tokens.extend(d)

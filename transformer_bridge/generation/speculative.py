@@ -19,6 +19,7 @@ asks for up to k drafts at first, then one more than it accepted after a rejecti
 a full acceptance: a verify chunk is as wide as its widest row, so rows whose drafts fail keep it narrow.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from torch import Tensor
 
 from ..checks import check_int
 from ..core import BridgeCore
+from .engine import Engine, Row
 from .options import Plan, Sampling
 from .sampling import draw, warp_logits
 
@@ -48,7 +50,7 @@ class PromptLookup:
     k: int
     max_ngram: int = 3
 
-    def propose(self, rows: list[list[int]], k: int) -> list[list[int]]:
+    def propose(self, rows: list[list[int]], k: int, ids: list[int] | None = None) -> list[list[int]]:
         return [self._one(row, k) for row in rows]
 
     def _one(self, row: list[int], k: int) -> list[int]:
@@ -64,21 +66,75 @@ class PromptLookup:
         return []
 
 
-@dataclass
 class Assistant:
-    """Drafts from a smaller bridge with the same vocabulary: its greedy continuation of each row."""
+    """Drafts from a smaller bridge with the same vocabulary: its greedy continuation of each row.
 
-    model: BridgeCore
-    k: int
+    The draft model keeps its own KV cache across rounds (an `Engine` over it, one draft row per target
+    row, keyed by the target row's id): each round a draft row rewinds the tokens the target rejected or
+    changed (its common prefix with the target row stays cached), takes the target's new tokens as pending,
+    then ``k`` greedy one-token steps run batched over the rows. A round costs the draft ``k`` forwards over
+    the new tokens, not a forward over every row's whole sequence. A target row the drafter has not seen (the
+    first round, a fork, a row that skipped a round) rebuilds the draft rows from their tokens; rows that are
+    not asked for are dropped. Without ``ids`` nothing is kept (each call starts from the tokens).
 
-    def propose(self, rows: list[list[int]], k: int) -> list[list[int]]:
-        width = max(len(r) for r in rows)
-        pad = self.model.pad_token_id if self.model.pad_token_id is not None else 0
-        tokens = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.model.device)
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.model.device)
-        out = self.model.generate(tokens, attention_mask=mask, max_new_tokens=k, do_sample=False,
-                                  stop_at_eos=False, pad_token_id=pad, return_type="tokens")  # fmt: skip
-        return out[:, width:].tolist()
+    Example:
+        >>> a = Assistant(draft, k=3)
+        >>> a.propose([[1, 5, 7], [1, 9]], 3, ids=[0, 1])     # then [[1, 5, 7, 8, 2], ...] in the next round
+    """
+
+    def __init__(self, model: BridgeCore, k: int) -> None:
+        self.model, self.k = model, k
+        self.pad = model.pad_token_id if model.pad_token_id is not None else 0
+        self.engine: Engine | None = None
+        self.forwards = 0  # the draft model's forwards (for benchmarks)
+
+    def propose(self, rows: list[list[int]], k: int, ids: list[int] | None = None) -> list[list[int]]:
+        if ids is None:
+            self.engine, ids = None, list(range(len(rows)))
+        wanted = dict(zip(ids, rows, strict=True))
+        engine = self.engine
+        if engine is None or not set(wanted) <= {r.id for r in engine.rows}:
+            engine = self.engine = Engine(self.model, [Row(i, -1, list(t), len(t), pending=len(t))
+                                                      for i, t in wanted.items()], self.pad)  # fmt: skip
+        else:
+            for r in engine.rows:
+                if r.id not in wanted:
+                    r.finish = "dropped"
+            engine.retire()
+            self._follow(engine, wanted)
+        for _ in range(k):
+            logits, _ = engine.feed(self.forwards)
+            self.forwards += 1
+            for r, t in zip(engine.rows, logits.argmax(-1).tolist(), strict=True):
+                r.append([t], "sampled", math.nan)
+        drafts = {r.id: r.tokens[len(wanted[r.id]) :] for r in engine.rows}
+        return [drafts[i] for i in ids]
+
+    @staticmethod
+    def _follow(engine: Engine, wanted: dict[int, list[int]]) -> None:
+        """Make each draft row the target row's tokens: drop its unfed draft, rewind what differs (KV too),
+        append the target's new tokens as pending (re-feeding the last one when nothing is new)."""
+        drops, refeed = [], []
+        for r in engine.rows:
+            if r.pending:  # the last draft token: appended, never fed
+                del r.tokens[len(r.tokens) - r.pending :]
+                r.pending = 0
+            target = wanted[r.id]
+            same = 0
+            for a, b in zip(r.tokens, target, strict=False):
+                if a != b:
+                    break
+                same += 1
+            drops.append(len(r.tokens) - same)
+            refeed.append(same == len(target))
+        engine.rewind(drops, refeed)
+        for r in engine.rows:
+            new = wanted[r.id][len(r.tokens) :]
+            if new:
+                r.tokens.extend(new)
+                r.pending, r.kind = r.pending + len(new), "forced" if len(new) > 1 else "sampled"
+            r.logprobs = []
+            r.prompt_length = len(r.tokens)
 
 
 def drafter(model: BridgeCore, a: dict[str, Any], p: Plan) -> PromptLookup | Assistant | None:
