@@ -34,6 +34,7 @@ from transformers import StaticCache
 
 from ..core import BridgeCore
 from ..hook_points import HookContext
+from .compiled import compile_options
 from .options import Plan
 
 BUCKET = 64  # cache lengths are rounded up to a multiple of this
@@ -86,8 +87,6 @@ def compiled_step(model: BridgeCore) -> Callable:
     """The model's compiled one-token step (made once per model; dynamo keeps one graph per bucket)."""
     state = _state(model)
     if state["compiled"] is None:
-        from .compiled import compile_options  # the options and the CPU graph pass
-
         state["compiled"] = torch.compile(_step, dynamic=False, **compile_options(model.device))
     return state["compiled"]
 
