@@ -1,11 +1,19 @@
 """Generation: `generate(model, ...)`, a KV-cached loop over the HF model with hooks that know where they are.
 
-Modules: ``keywords.py`` (the keywords `generate` takes; HF's it lacks, and what to use instead),
+One engine, two drivers. The KV cache (``kv.py``: dynamic or a preallocated static one, and `run_chunk`,
+the one forward over either) is shared by the *tensor driver* (``decode.py``: plain sampling, no Python
+per row, no host sync per step with a static cache, the compiled one-token step of ``fast.py`` /
+``compiled.py``) and the *row driver* (``control.py`` over ``engine.py``'s per-row state: controllers,
+backtrack, fork, forced tokens, speculative decoding (``speculative.py``), with ``records.py`` and
+``finish.py``). Beam search (``beams.py``, ``beam_control.py`` for controllers) reorders its beams over
+the same model calls.
+
+Options: ``keywords.py`` (the keywords `generate` takes; HF's it lacks, and what to use instead),
 ``resolve.py`` (HF's and TransformerLens' keywords, generation configs and input forms, resolved once),
 ``options.py`` (every option validated once into a `Plan`), ``sampling.py`` (pure logits → token
-functions), ``processors.py`` (penalties, bans, biases), ``decode.py`` (prefill, decode steps, the loop,
-the ``return_cache`` recompute), ``stream.py`` (`generate_stream`'s chunks), ``beams.py`` (beam search),
-``stopping.py`` (EOS, stop strings, criteria, time), ``outputs.py`` (`GenerationOutput`).
+functions), ``processors.py`` (penalties, bans, biases), ``stopping.py`` (EOS, stop strings, criteria,
+time). Controllers: ``branch.py`` (`Branch`, `View`), ``grammar.py`` (llguidance), ``builtins.py``
+(`force`, `stop_on`). Output: ``outputs.py`` (`GenerationOutput`), ``stream.py`` (`generate_stream`).
 """
 
 import inspect
