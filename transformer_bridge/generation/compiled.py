@@ -14,13 +14,12 @@ compiling is seen by the next step. The sums run in another order than BLAS's: l
 as with any inductor kernel.
 """
 
-import hashlib
-import inspect
 from typing import Any
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch.fx import Graph, Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 aten = torch.ops.aten
 
@@ -65,8 +64,8 @@ class RowTimesMatrix(CustomGraphPass):
             graph.erase_node(node)
             RowTimesMatrix.rewrites += 1
 
-    def uuid(self) -> str:
-        return hashlib.sha256(inspect.getsource(RowTimesMatrix).encode()).hexdigest()
+    def uuid(self) -> bytes:
+        return get_hash_for_files((__file__,))  # inductor's cache key: this module's source
 
 
 def _one_row_on_cpu(a: Any, b: Any) -> bool:
@@ -74,9 +73,10 @@ def _one_row_on_cpu(a: Any, b: Any) -> bool:
         return False
     # b.stride(0) == 1: b is the transpose of a row-major weight [n, k] (nn.Linear), so the sum reads each
     # weight row in order; a row-major [k, n] (GPT-2's Conv1D) would be read across rows, slower than BLAS.
-    return (a.dim() == 2 and b.dim() == 2 and a.shape[0] == 1 and a.device.type == "cpu" and b.device.type == "cpu"
+    # statically_known_true: a symbolic size (a dynamic graph) is left to BLAS rather than guarded on here.
+    return (a.dim() == 2 and b.dim() == 2 and a.device.type == "cpu" and b.device.type == "cpu"
             and a.dtype == b.dtype and a.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and b.stride(0) == 1)  # fmt: skip
+            and statically_known_true(a.shape[0] == 1) and statically_known_true(b.stride(0) == 1))  # fmt: skip
 
 
 def _meta(node: Node) -> Any:
