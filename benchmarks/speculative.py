@@ -6,6 +6,11 @@ script checks that the tokens equal eager decoding's, counts forwards with a hoo
 reports how many tokens each verify forward gave per row (accepted drafts + the chosen token).
 
     python benchmarks/speculative.py [--rounds 3] [--new 64] [--k 10] [--batches 1,8] [--threads 1]
+
+``--assistant``: SmolLM2 drafting for itself (``assistant_model=model``, every draft accepted, so it measures
+the drafter's overhead): eager vs assistant tokens/s, and the draft cost per round of the drafter that keeps
+the draft model's KV cache (`speculative.Assistant`) against a full greedy `generate` of the draft over every
+row's whole sequence (the drafter it replaced), replayed on the same rounds (same drafts checked).
 """
 
 import argparse
@@ -18,6 +23,7 @@ from pathlib import Path
 import torch
 
 from transformer_bridge import TransformerBridge
+from transformer_bridge.generation.speculative import Assistant
 from transformer_bridge.real_model import smollm2_path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -34,6 +40,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--assistant", action="store_true", help="the model as its own assistant (see above)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -42,15 +49,78 @@ def main() -> None:
     model.cfg.default_prepend_bos = False
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.device} {args.dtype}, "
           f"{args.new} new tokens, k={args.k}, medians of {args.rounds} rounds")  # fmt: skip
+    if args.assistant:
+        print("| batch | eager tok/s | assistant tok/s | ratio | draft ms/round: kept KV | full recompute | speed-up |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for batch in (int(b) for b in args.batches.split(",")):
+            bench_assistant(model, batch, args.new, args.k, args.rounds)
+        return
     print("| batch | eager tok/s | prompt lookup tok/s | ratio | forwards eager / lookup | tokens per verify row |")
     print("|---:|---:|---:|---:|---:|---:|")
     for batch in (int(b) for b in args.batches.split(",")):
         bench(model, batch, args.new, args.k, args.rounds)
 
 
-def bench(model: TransformerBridge, batch: int, n: int, k: int, rounds: int) -> None:
+def prompts(model: TransformerBridge, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     texts = [f"Copy the text exactly.\nText: {p}\nCopy: {p.split()[0]}" for p in (PASSAGES * 4)[:batch]]
-    tokens, mask = model.to_tokens_and_mask(texts, padding_side="left")
+    return model.to_tokens_and_mask(texts, padding_side="left")
+
+
+def full_drafts(draft: TransformerBridge, rows: list[list[int]], k: int) -> list[list[int]]:
+    """The replaced drafter: a greedy `generate` of the draft over every row's whole sequence (left-padded)."""
+    width = max(len(r) for r in rows)
+    pad = draft.pad_token_id if draft.pad_token_id is not None else 0
+    tokens = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=draft.device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=draft.device)
+    out = draft.generate(tokens, attention_mask=mask, max_new_tokens=k, do_sample=False, stop_at_eos=False,
+                         pad_token_id=pad, return_type="tokens")  # fmt: skip
+    return out[:, width:].tolist()
+
+
+def bench_assistant(model: TransformerBridge, batch: int, n: int, k: int, rounds: int) -> None:
+    tokens, mask = prompts(model, batch)
+    tokens, mask = tokens.to(model.device), mask.to(model.device)
+    common = dict(attention_mask=mask, max_new_tokens=n, min_new_tokens=n)
+    variants = {
+        "eager": lambda: model.generate(tokens, **common),
+        "assistant": lambda: model.generate(tokens, **common, assistant_model=model, num_assistant_tokens=k),
+    }
+    out = {name: fn() for name, fn in variants.items()}  # warm-up
+    assert torch.equal(out["eager"], out["assistant"]), "the assistant changed the tokens"
+    times = {name: [] for name in variants}
+    for r in range(rounds):
+        order = list(variants.items())
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    # The rounds of that run (every draft accepted): row i is its prompt + 1 + r (k + 1) generated tokens.
+    width = tokens.shape[1]
+    rows = [[t for t, m in zip(ts, ms, strict=True) if m] for ts, ms in zip(tokens.tolist(), mask.tolist(),
+                                                                             strict=True)]  # fmt: skip
+    new = out["eager"][:, width:].tolist()
+    kept, full = [], []
+    for _ in range(rounds):
+        assistant = Assistant(model, k)
+        for r in range(n // (k + 1)):
+            now = [row + g[: 1 + r * (k + 1)] for row, g in zip(rows, new, strict=True)]
+            start = time.perf_counter()
+            a = assistant.propose(now, k, list(range(batch)))
+            kept.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            b = full_drafts(model, now, k)
+            full.append(time.perf_counter() - start)
+            assert a == b, "the drafters disagree"
+    kept_ms, full_ms = 1000 * statistics.median(kept), 1000 * statistics.median(full)
+    print(
+        f"| {batch} | {batch * n / med['eager']:.1f} | {batch * n / med['assistant']:.1f} | "
+        f"{med['eager'] / med['assistant']:.2f}x | {kept_ms:.0f} | {full_ms:.0f} | {full_ms / kept_ms:.2f}x |"
+    )
+
+
+def bench(model: TransformerBridge, batch: int, n: int, k: int, rounds: int) -> None:
+    tokens, mask = prompts(model, batch)
     common = dict(attention_mask=mask.to(model.device), max_new_tokens=n, min_new_tokens=n)
     tokens = tokens.to(model.device)
     variants = {
