@@ -2,7 +2,8 @@
 
 Two drafters: `PromptLookup` (``prompt_lookup_num_tokens=k``: the k tokens that followed the latest earlier
 occurrence of the row's last n-gram, no second model) and `Assistant` (``assistant_model=draft,
-num_assistant_tokens=k``: the draft bridge's greedy continuation). Both drafts are single proposals (a
+num_assistant_tokens=k``: the draft bridge's greedy continuation, from a KV cache of its own kept across
+rounds). Both drafts are single proposals (a
 one-hot draft distribution q), so the standard acceptance rule (`verify`) is simple and exact:
 
 * greedy: keep a draft token while it equals the model's argmax at its position; the first disagreement
