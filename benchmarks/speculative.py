@@ -30,6 +30,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 from generate import PASSAGES  # the extraction task of benchmarks/generate.py
 
 
+def interleaved_medians(variants: dict, rounds: int) -> dict[str, float]:
+    """Median seconds of each variant over ``rounds``, the variants interleaved (reversed every other round)."""
+    times = {name: [] for name in variants}
+    for r in range(rounds):
+        order = list(variants.items())
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -87,14 +99,7 @@ def bench_assistant(model: TransformerBridge, batch: int, n: int, k: int, rounds
     }
     out = {name: fn() for name, fn in variants.items()}  # warm-up
     assert torch.equal(out["eager"], out["assistant"]), "the assistant changed the tokens"
-    times = {name: [] for name in variants}
-    for r in range(rounds):
-        order = list(variants.items())
-        for name, fn in order if r % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    med = {name: statistics.median(t) for name, t in times.items()}
+    med = interleaved_medians(variants, rounds)
     # The rounds of that run (every draft accepted): row i is its prompt + 1 + r (k + 1) generated tokens.
     width = tokens.shape[1]
     rows = [[t for t, m in zip(ts, ms, strict=True) if m] for ts, ms in zip(tokens.tolist(), mask.tolist(),
@@ -147,14 +152,7 @@ def bench(model: TransformerBridge, batch: int, n: int, k: int, rounds: int) -> 
                 if row >= 0 and (~pad).any():
                     starts.setdefault(row, [None, None])[side] = int(pos[~pad][0])
         per_row += [s1 - s0 for s0, s1 in starts.values() if s0 is not None and s1 is not None]
-    times = {name: [] for name in variants}
-    for r in range(rounds):
-        order = list(variants.items())
-        for name, fn in order if r % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    med = {name: statistics.median(t) for name, t in times.items()}
+    med = interleaved_medians(variants, rounds)
     rate = {name: batch * n / m for name, m in med.items()}
     print(f"| {batch} | {rate['eager']:.1f} | {rate['lookup']:.1f} | {med['eager'] / med['lookup']:.2f}x | "
           f"{len(counts['eager'][1])} / {len(counts['lookup'][1])} | "

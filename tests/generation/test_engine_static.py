@@ -6,9 +6,11 @@ import itertools
 import pytest
 import torch
 from conftest import FAMILIES, V, make_bridge, perturb_
+from test_control import Script
+from test_control import mixed_script as control_script
 from torch._dynamo.utils import counters
 
-from transformer_bridge import Branch, grammar
+from transformer_bridge import grammar
 from transformer_bridge.generation import fast
 from transformer_bridge.generation.kv import StaticKVRows, run_chunk
 from transformer_bridge.hook_points import HookContext
@@ -29,29 +31,10 @@ def batch(model, prompts=PROMPTS):
     return model.to_tokens_and_mask(prompts, padding_side="left")
 
 
-class Script:
-    """A controller that follows a script keyed by (row, generated length, just backtracked) and records views."""
-
-    def __init__(self, script):
-        self.script, self.views = script, []
-
-    def __call__(self, view):
-        self.views.append(view)
-        return self.script.get((view.row, len(view.generated), view.backtracked > 0))
-
-
 def mixed_script(d_vocab=V):
-    """Backtrack, fast-forward and fork, differently per row, several in the same step."""
-    any_ = Branch.sample()
-    return {
-        (0, 2, False): [any_, Branch.forced([10, 11, 12]), Branch(backtrack=1, ff_tokens=[[20]])],
-        (1, 1, False): Branch.forced([30, 31]),
-        (1, 3, False): Branch(backtrack=2, sample_mask=torch.arange(d_vocab) > 40),
-        (2, 2, False): Branch(backtrack=2, ff_tokens=[[40, 41, 42, 43]]),
-        (2, 5, False): Branch(backtrack=1, ff_tokens=[[]]),  # a pure rewind: the last kept token is fed again
-        (3, 6, False): [any_, Branch.sample(torch.arange(d_vocab) < 30)],  # a fork of a fork
-        (4, 4, False): [],  # a fork stops (it retires while others run)
-    }
+    """test_control's script (backtrack, fast-forward and fork per row), and a fork that stops (it retires while
+    others run: with a static cache its slot stays as padding)."""
+    return {**control_script(d_vocab), (4, 4, False): []}
 
 
 def run(model, tokens, mask, atol, **options):
