@@ -263,7 +263,7 @@ def generate(
     p, tokens, mask = request.plan, request.tokens, request.mask
     n = p.search.num_return_sequences
     drafts = speculative.drafter(model, request.speculation, p)
-    static = fast.check(model, request.cache_implementation, request.compile, p, request.controller, drafts)
+    static = fast.check(model, request.cache_implementation, request.compile, p)
     if p.search.num_beams > 1:
         controllers = None
         if request.controller is not None:  # masks, forced tokens and stops, per beam (`beam_control`)

@@ -261,15 +261,3 @@ class Engine:
         order, start = realignment(real)
         self.kv.realign(order, start)
         self.real = real.gather(1, order)[:, start:]
-
-
-def fill_forced_logprobs(rows: list[Row], chunk_logits: Float[Tensor, "batch chunk d_vocab"]) -> None:
-    """Log-probabilities of forced tokens, from the forward that fed them (logits at position t predict t + 1)."""
-    for i, r in enumerate(rows):
-        n, start = r.fresh, len(r.tokens) - r.fresh
-        first = r.column
-        for j in range(1, n):
-            g = start + j - r.prompt_length
-            if g >= 0 and math.isnan(r.logprobs[g]):
-                logits = chunk_logits[i, first + j - 1].float()
-                r.logprobs[g] = float(logits.log_softmax(-1)[r.tokens[start + j]])

@@ -91,10 +91,10 @@ def compiled_step(model: BridgeCore) -> Callable:
     return state["compiled"]
 
 
-def check(model: BridgeCore, cache_implementation: Any, compile: Any, p: Plan, controller: Any, drafts: Any) -> bool:
+def check(model: BridgeCore, cache_implementation: Any, compile: Any, p: Plan) -> bool:
     """Whether `generate` decodes over a static cache; raises, naming the keyword, for what cannot go with it.
 
-    A ``controller`` and speculative decoding (``drafts``) go with it: the row driver has a static cache too.
+    A controller and speculative decoding go with it: the row driver has a static cache too.
     """
     if not isinstance(compile, bool):
         raise TypeError(f"`compile` must be True or False, got {compile!r}.")
