@@ -1,7 +1,8 @@
 """The compiled decode step's CPU graph pass (`compiled.RowTimesMatrix`) against BLAS and the eager loop.
 
 At batch 1 every linear layer of a decode step is a one-row matrix product, which the pass turns into a
-multiply and a sum. Oracles: ``torch.mm`` / ``torch.addmm`` on the same inputs, and the eager decode loop.
+multiply and a sum (products of several rows go to oneDNN-packed weights: tests/generation/test_packed.py).
+Oracles: ``torch.mm`` / ``torch.addmm`` on the same inputs, and the eager decode loop.
 """
 
 import pytest
@@ -24,7 +25,7 @@ def test_pass_rewrites_one_row_products_only():
     row, rows = torch.randn(1, 7), torch.randn(3, 7)
     assert "aten.mm.default" not in _targets(lambda a, w: a @ w.t(), row, w)
     assert "aten.addmm.default" not in _targets(lambda a, w, b: torch.addmm(b, a, w.t()), row, w, bias)
-    assert "aten.mm.default" in _targets(lambda a, w: a @ w.t(), rows, w)  # batch > 1: BLAS
+    assert "aten.mm.default" not in _targets(lambda a, w: a @ w.t(), rows, w)  # batch > 1: packed (test_packed.py)
     assert "aten.mm.default" in _targets(lambda a, w: a @ w, row, w.t().contiguous())  # Conv1D layout: BLAS
     assert "aten.mm.default" in _targets(lambda a, w: a @ w.t(), row.double(), w.double())
 

@@ -34,6 +34,7 @@ from transformers import StaticCache
 
 from ..core import BridgeCore
 from ..hook_points import HookContext
+from . import packed
 from .compiled import compile_options
 from .options import Plan
 
@@ -70,8 +71,10 @@ def _step(
     cache_position: Int[Tensor, " 1"],
     ctx: HookContext,
 ) -> Float[Tensor, "batch d_vocab"]:
+    # checked=False: the caller checks that every hooked site ran (`BridgeCore.sites_checked`), outside the
+    # compiled code, so the step is one graph (one CUDA graph) with no break.
     out = model.run_model(token, mask, ctx, past_key_values=cache, position_ids=position, logits_to_keep=1,
-                          cache_position=cache_position)  # fmt: skip
+                          cache_position=cache_position, checked=False)  # fmt: skip
     return out.logits[:, -1]
 
 
@@ -84,7 +87,11 @@ def _state(model: BridgeCore) -> dict[str, Any]:
 
 
 def compiled_step(model: BridgeCore) -> Callable:
-    """The model's compiled one-token step (made once per model; dynamo keeps one graph per bucket)."""
+    """The model's compiled one-token step (made once per model; dynamo keeps one graph per bucket).
+
+    Called once per generation: weights packed for the step (`packed`) and edited since are re-packed here.
+    """
+    packed.revalidate()
     state = _state(model)
     if state["compiled"] is None:
         state["compiled"] = torch.compile(_step, dynamic=False, **compile_options(model.device))
