@@ -52,7 +52,7 @@ from .options import Plan
 from .outputs import GenerationOutput
 from .records import RowRecords
 from .sampling import warp_logits
-from .speculative import Assistant, PromptLookup, verify
+from .speculative import Assistant, PromptLookup, Widths, verify
 
 _QUERY_AXIS_2 = ("hook_pattern", "hook_attn_scores")  # [batch, head, query_pos, key_pos]
 
@@ -146,10 +146,13 @@ class _Driver:
         self.engine, self.p, self.drafts, self.captured = engine, p, drafts, captured
         self.records = RowRecords(p)
         self.drafted: dict[int, int] = {}  # row id → drafts at the end of its tokens, fed but not yet verified
-        # row id → how many drafts it asks for next: after a rejection, one more than it accepted; after a full
-        # acceptance, twice as many (up to k). A verify chunk is as wide as its widest row, so rows whose drafts
-        # keep failing should not widen it.
+        # row id → how many drafts it asks an assistant for next (drafting costs the assistant a forward per
+        # token): after a rejection, one more than it accepted; after a full acceptance, twice as many (up to k).
         self.ask: dict[int, int] = {}
+        # How many of its drafts each row feeds (a verify chunk is as wide as its widest row): a cost model
+        # with acceptance rates per draft source; row id → the source of the drafts it fed.
+        self.widths = Widths(engine.device.type)
+        self.sources: dict[int, int] = {}
         self.step = 0
 
     def round(self, next_id: int) -> list[Row]:
@@ -159,7 +162,8 @@ class _Driver:
         chunk_needed = any(r.kind == "verify" for r in rows) or (
             p.records.on and any(r.kind == "forced" and r.pending > 1 for r in rows)
         )
-        logits, chunk = engine.feed(self.step, chunk_needed)
+        # The rewind below realigns the cache once for the uneven chunk and the rejected drafts together.
+        logits, chunk = engine.feed(self.step, chunk_needed, realign=False)
         if chunk is not None and p.records.on:
             self._forced_records(chunk)
         decisions: list[list[Branch] | None] = []
@@ -172,6 +176,7 @@ class _Driver:
             drops[i], outcome = self._walk(r, i, chunk, m)
             kept = m - drops[i] if r.finish is None else m
             self.ask[r.id] = min(self.drafts.k, 2 * m) if kept == m else kept + 1
+            self.widths.observe(self.sources.pop(r.id, 0), m, kept)
             if isinstance(outcome, tuple):  # a decision the walk does not take itself: `_apply` at that position
                 decisions.append(outcome[0])
                 at[i] = outcome[1]
@@ -409,15 +414,25 @@ class _Driver:
                 and r.kind in ("sampled", "forced") and room[r.id] > 0]  # fmt: skip
         if not rows:
             return
-        want = {r.id: min(room[r.id], self.ask.get(r.id, self.drafts.k)) for r in rows}
+        asks = isinstance(self.drafts, Assistant)  # a lookup's drafts are free: it always proposes k
+        want = {r.id: min(room[r.id], self.ask.get(r.id, self.drafts.k) if asks else self.drafts.k) for r in rows}
         k = max(want.values())
-        for r, d in zip(rows, self.drafts.propose([r.tokens for r in rows], k, [r.id for r in rows]), strict=True):
-            d = [int(t) for t in d[: want[r.id]]]
-            if d:
-                r.tokens.extend(d)
-                r.logprobs.extend([math.nan] * len(d))
-                r.pending, r.kind = r.pending + len(d), "verify"
-                self.drafted[r.id] = len(d)
+        found = self.drafts.propose([r.tokens for r in rows], k, [r.id for r in rows])
+        drafts = [[int(t) for t in d[: want[r.id]]] for r, d in zip(rows, found, strict=True)]
+        # Trim to the chunk width that pays off: every row of the forward pays for the widest row's columns.
+        engine = self.engine
+        running = [r for r in engine.rows if r.finish is None]
+        drafting = [(r, d, s) for r, d, s in zip(rows, drafts, self.drafts.sources, strict=True) if d]
+        ids = {r.id for r, _, _ in drafting}
+        base = max((r.pending for r in running if r.id not in ids), default=1)
+        batch = len(engine.real) if engine.kv.static else len(running)
+        counts = self.widths.trim(batch, len(running), base, [(r.pending, len(d), s) for r, d, s in drafting])
+        for (r, d, s), n in zip(drafting, counts, strict=True):
+            if n:
+                r.tokens.extend(d[:n])
+                r.logprobs.extend([math.nan] * n)
+                r.pending, r.kind = r.pending + n, "verify"
+                self.drafted[r.id], self.sources[r.id] = n, s
 
 
 def _ask(row: Row, view: View) -> list[Branch]:

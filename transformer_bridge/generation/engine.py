@@ -118,12 +118,17 @@ class Engine:
         self.slots, self.free = list(range(len(rows))), []
         self.real = torch.zeros((len(rows), 0), dtype=torch.bool, device=self.device)  # [slot, key_pos]
         self.forwards = 0
+        self.unaligned = False  # padding left inside the cache by `feed(realign=False)`
 
     def feed(
-        self, step: int, all_logits: bool = False
+        self, step: int, all_logits: bool = False, realign: bool = True
     ) -> tuple[Float[Tensor, "batch d_vocab"], Float[Tensor, "batch chunk d_vocab"] | None]:
         """One forward over each active row's pending tokens; the next-token logits per row, and with
-        ``all_logits`` those of every chunk position (left-padded like the chunk)."""
+        ``all_logits`` those of every chunk position (left-padded like the chunk). ``realign=False`` leaves an
+        uneven chunk's padding in the cache until the next `rewind` (a verify round rewinds right after: one
+        gather of the cache instead of two) or the next operation that needs the rows right-aligned."""
+        if self.unaligned:
+            self._realign()
         rows = self.rows
         if not self.use_cache:  # the reference: every row from its first token again
             self.kv.clear()
@@ -186,7 +191,9 @@ class Engine:
             r.column += r.pending - r.fresh  # the first fresh token's column
             r.pending = 0
         if padded:
-            self._realign()
+            self.unaligned = True
+            if realign:
+                self._realign()
         return logits, (chunk_logits if all_logits else None)
 
     def rewind(self, drops: list[int], refeed: list[bool]) -> None:
@@ -194,17 +201,22 @@ class Engine:
         ``refeed[i]``, also take the last kept token out of the cache and make it pending again, so the
         next forward gives the logits of the rewound position."""
         if not any(drops) and not any(refeed):
+            if self.unaligned:
+                self._realign()
             return
-        keep = self.real.clone()
+        cut = torch.zeros(len(self.real), dtype=torch.long)
         for s, r, n, again in zip(self.slots, self.rows, drops, refeed, strict=True):
             if n:
                 del r.tokens[len(r.tokens) - n :]
                 del r.logprobs[max(len(r.tokens) - r.prompt_length, 0) :]
             if again:
                 r.pending, r.kind = 1, "refeed"
-            # Right-aligned: a row's newest entries are its last columns.
-            keep[s, keep.shape[1] - n - int(again) :] = False
-        self.real = keep
+            cut[s] = n + int(again)
+        # A row's newest entries: its last real columns (the last columns when right-aligned; padding of an
+        # uneven chunk may follow them when `feed` left it), counted from the right.
+        real = self.real
+        newest = real.flip(1).cumsum(1).flip(1)  # real columns at or after each column
+        self.real = real & (newest > cut.to(real.device)[:, None])
         self._realign()
 
     def fork(self, sources: list[int], rows: list[Row]) -> None:
@@ -251,6 +263,7 @@ class Engine:
         return done
 
     def _realign(self) -> None:
+        self.unaligned = False
         real = self.real
         if bool((real[:, 1:] >= real[:, :-1]).all()):  # already right-aligned (plain left padding): no gather
             start = real.shape[1] - int(real.sum(1).max()) if real.shape[0] else 0

@@ -21,7 +21,7 @@ a full acceptance: a verify chunk is as wide as its widest row, so rows whose dr
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -50,11 +50,15 @@ class PromptLookup:
 
     k: int
     max_ngram: int = 3
+    # What each draft of the last `propose` came from: the length of the n-gram it matched (0: no draft).
+    sources: list[int] = field(default_factory=list)
 
     def propose(self, rows: list[list[int]], k: int, ids: list[int] | None = None) -> list[list[int]]:
-        return [self._one(row, k) for row in rows]
+        found = [self._one(row, k) for row in rows]
+        self.sources = [n for _, n in found]
+        return [d for d, _ in found]
 
-    def _one(self, row: list[int], k: int) -> list[int]:
+    def _one(self, row: list[int], k: int) -> tuple[list[int], int]:
         for n in range(min(self.max_ngram, len(row) - 1), 0, -1):
             tail = row[-n:]
             for start in range(len(row) - n - 1, -1, -1):  # latest occurrence first
@@ -63,8 +67,8 @@ class PromptLookup:
                     period = len(row) - start - n  # the copy's source runs `period` tokens behind it
                     while len(draft) < k:
                         draft.append(draft[len(draft) - period])
-                    return draft
-        return []
+                    return draft, n
+        return [], 0
 
 
 class Assistant:
@@ -88,6 +92,7 @@ class Assistant:
         self.pad = model.pad_token_id if model.pad_token_id is not None else 0
         self.engine: Engine | None = None
         self.forwards = 0  # the draft model's forwards (for benchmarks)
+        self.sources: list[int] = []  # one kind of draft (see `PromptLookup.sources`): 0 for every row
 
     def propose(self, rows: list[list[int]], k: int, ids: list[int] | None = None) -> list[list[int]]:
         if ids is None:
@@ -109,6 +114,7 @@ class Assistant:
             for r, t in zip(engine.rows, logits.argmax(-1).tolist(), strict=True):
                 r.append([t], "sampled", math.nan)
         drafts = {r.id: r.tokens[len(wanted[r.id]) :] for r in engine.rows}
+        self.sources = [0] * len(ids)
         return [drafts[i] for i in ids]
 
     @staticmethod
@@ -136,6 +142,74 @@ class Assistant:
                 r.pending, r.kind = r.pending + len(new), "forced" if len(new) > 1 else "sampled"
             r.logprobs = []
             r.prompt_length = len(r.tokens)
+
+
+# What a verify forward costs, in chunk positions: a forward of `batch` rows by `width` columns costs about
+# ``FORWARD_POSITIONS + batch * width`` positions. On this project's CPU (SmolLM2-135M fp32, one thread) a
+# forward costs ~80 ms plus ~3.4 ms per position (batch 8: width 1 108 ms, width 11 401 ms): 24. On a GPU a
+# small chunk is bound by reading the weights and launching kernels, so wide chunks are nearly free.
+FORWARD_POSITIONS = {"cpu": 24.0}
+FORWARD_POSITIONS_ELSEWHERE = 256.0
+# Prior rate at which a draft token is accepted, by what it came from (the n-gram length a prompt lookup
+# matched; 0: an assistant model), learned further from each generation's own verify rounds. On the
+# extraction task of benchmarks/generate.py (SmolLM2) a 3-gram draft's first token was accepted 94% of the
+# time, a 1-gram one's 41%.
+PRIOR_RATES = {0: 0.7, 1: 0.4, 2: 0.6, 3: 0.9}
+PRIOR_WEIGHT = 2.0  # the prior counts as this many rejections (and the matching number of acceptances)
+
+
+class Widths:
+    """How many of its drafts each row feeds in the next verify forward: a cost model.
+
+    A verify chunk is as wide as its widest row, and every row of the batch pays for every column. Each
+    draft source (`PromptLookup.sources`) has an acceptance rate ``q`` (a prior, then what this generation's
+    verify rounds accepted), so a row with ``d`` drafts fed gains ``q + q² + … + q^d`` tokens on top of the
+    one it gets anyway. The chunk width chosen maximises the expected tokens per cost of the forward
+    (`FORWARD_POSITIONS` + batch × width); every row's drafts are cut to fit it. The choice only depends
+    on the drafts and on what earlier rounds accepted, never on timings: the same call drafts the same way.
+
+    Example:
+        >>> w = Widths("cpu")
+        >>> w.trim(batch=8, running=8, base=1, rows=[(1, 10, 3)] * 8)   # eight rows with 3-gram drafts (q 0.9)
+        [6, 6, 6, 6, 6, 6, 6, 6]
+        >>> w.trim(batch=8, running=8, base=1, rows=[(1, 10, 3), (1, 10, 1)])  # two drafting rows of eight
+        [0, 0]
+        >>> w.trim(batch=1, running=1, base=1, rows=[(1, 10, 3)])   # alone, the row feeds all its drafts
+        [10]
+    """
+
+    def __init__(self, device_type: str) -> None:
+        self.forward = FORWARD_POSITIONS.get(device_type, FORWARD_POSITIONS_ELSEWHERE)
+        self.accepted: dict[int, float] = {}
+        self.rejected: dict[int, float] = {}
+
+    def rate(self, source: int) -> float:
+        """The estimated acceptance rate of a draft token from ``source``."""
+        q = PRIOR_RATES.get(source, PRIOR_RATES[max(PRIOR_RATES)])
+        accepted = self.accepted.get(source, 0.0) + PRIOR_WEIGHT * q / (1 - q)
+        return accepted / (accepted + self.rejected.get(source, 0.0) + PRIOR_WEIGHT)
+
+    def observe(self, source: int, drafted: int, accepted: int) -> None:
+        """A verify round's outcome for one row: ``accepted`` of its ``drafted`` drafts kept."""
+        self.accepted[source] = self.accepted.get(source, 0.0) + accepted
+        self.rejected[source] = self.rejected.get(source, 0.0) + float(accepted < drafted)
+
+    def trim(self, batch: int, running: int, base: int, rows: list[tuple[int, int, int]]) -> list[int]:
+        """The drafts to feed for each drafting row, given as ``(pending tokens, drafts, source)``; ``batch``
+        rows in the forward, ``running`` of them gaining a token anyway, ``base`` the widest other row's chunk."""
+        if not rows:
+            return []
+        rates = [self.rate(source) for _, _, source in rows]
+        narrow = max([base, 1] + [p for p, _, _ in rows])
+        best, width = -1.0, narrow
+        for w in range(narrow, max(narrow, max(p + d for p, d, _ in rows)) + 1):
+            gain = float(running)
+            for (p, d, _), q in zip(rows, rates, strict=True):
+                gain += sum(q**j for j in range(1, min(d, w - p) + 1))
+            value = gain / (self.forward + batch * w)
+            if value > best:
+                best, width = value, w
+        return [min(d, width - p) for p, d, _ in rows]
 
 
 def drafter(model: BridgeCore, a: dict[str, Any], p: Plan) -> PromptLookup | Assistant | None:
