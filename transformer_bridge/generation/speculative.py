@@ -15,9 +15,12 @@ one-hot draft distribution q), so the standard acceptance rule (`verify`) is sim
 
 The loop is the row driver's (`control.generate`): after a row's token is chosen its drafts are appended
 as pending tokens of kind ``"verify"`` and fed with the other rows' chunks in one forward; then each row
-walks its chunk's logits on its own (per-row acceptance) and rewinds only its own rejected drafts. A row
-asks for up to k drafts at first, then one more than it accepted after a rejection and twice as many after
-a full acceptance: a verify chunk is as wide as its widest row, so rows whose drafts fail keep it narrow.
+walks its chunk's logits on its own (per-row acceptance) and rewinds only its own rejected drafts. A verify
+chunk is as wide as its widest row and every row pays for every column, so `Widths` (a cost model) cuts the
+drafts to the width that pays: expected accepted tokens (an acceptance rate per draft source: the n-gram
+length a lookup matched, learned from the generation's own rounds) per cost of the forward (a fixed cost
+plus one per position). An assistant is also asked for fewer drafts after a rejection (one more than the
+row accepted; twice as many after a full acceptance): its drafts cost a draft forward each.
 """
 
 import math
@@ -178,8 +181,9 @@ class Widths:
         [10]
     """
 
-    def __init__(self, device_type: str) -> None:
-        self.forward = FORWARD_POSITIONS.get(device_type, FORWARD_POSITIONS_ELSEWHERE)
+    def __init__(self, device_type: str, forward: float | None = None) -> None:
+        # The fixed cost of a forward, in positions (`FORWARD_POSITIONS` of the device type unless given).
+        self.forward = FORWARD_POSITIONS.get(device_type, FORWARD_POSITIONS_ELSEWHERE) if forward is None else forward
         self.accepted: dict[int, float] = {}
         self.rejected: dict[int, float] = {}
 
