@@ -3,10 +3,10 @@ from verify rounds, and greedy tokens equal to the plain loop's whatever width i
 accept different counts, several families)."""
 
 import pytest
-from conftest import make_bridge
+from conftest import FAMILIES, make_bridge
 from test_speculative import REPEATING, SOME, Fed, _advances, batch, same
 
-from transformer_bridge.generation import speculative
+from transformer_bridge.generation import engine, speculative
 from transformer_bridge.generation.speculative import Widths
 
 
@@ -72,3 +72,34 @@ def test_greedy_tokens_do_not_depend_on_the_width_chosen(family, monkeypatch):
             assert max(widths[cost]) == 5  # every draft fed
     assert max(widths[0.0]) < max(widths[1e9])
     assert len(set(map(tuple, widths.values()))) > 1
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_model(request):
+    return make_bridge(request.param)
+
+
+def test_rejected_drafts_left_as_masked_columns_keep_the_tokens(family_model, monkeypatch):
+    """A verify round may leave its rejected drafts in a dynamic cache as masked columns (`engine.HOLES` of
+    them before it realigns; never with windowed attention): the tokens are the plain loop's whether the
+    cache is realigned every round, every few rounds or never, and holes only ever widen the cache."""
+    model = family_model
+    monkeypatch.setitem(speculative.FORWARD_POSITIONS, "cpu", 1e9)  # every draft fed: many are rejected
+    tokens, mask = batch(model, [*REPEATING, "abcdabcdab", "xyzxyzxy"])
+    kw = dict(attention_mask=mask, max_new_tokens=16, return_dict=True)
+    plain = model.generate(tokens, **kw)
+    keys = {}
+    point = "blocks.0.attn.hook_pattern"  # [batch, head, query, key]: the key axis is the cache's width
+    hooks = point in model.hook_dict
+    for holes in (0, 3, 1000):
+        monkeypatch.setattr(engine, "HOLES", holes)
+        seen = keys[holes] = [0]
+        with model.hooks(fwd_hooks=[(point, lambda x, hook, seen=seen: seen.append(x.shape[-1]))] if hooks else []):
+            fast = model.generate(tokens, prompt_lookup_num_tokens=4, **kw)
+        assert same(fast, plain)
+    assert max(keys[0]) <= tokens.shape[1] + 16 + 4  # realigned every round (the last chunk at most 4 past)
+    assert max(keys[1000]) >= max(keys[0])
+    if engine.windowed(model.hf_model.config):
+        assert keys[1000] == keys[0]
+    elif model.cfg.model_type == "llama":
+        assert max(keys[1000]) > tokens.shape[1] + 16 + 4  # rejected drafts stayed: holes

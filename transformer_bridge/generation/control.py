@@ -184,7 +184,7 @@ class _Driver:
             decisions.append(None)
             if outcome is not None:
                 appends.append((r, outcome))
-        engine.rewind(drops, [False] * len(rows))
+        engine.rewind(drops, [False] * len(rows), compact=False)
         for r, a in appends:
             first = _logprob(a.logits, a.tokens[0]) if p.records.on else math.nan
             self.records.put(r.id, len(r.generated), a.logits, a.scores)

@@ -8,7 +8,9 @@ order and the KV cache (`KVRows`, each row right-aligned), and does four things:
   tokens, a re-fed token after a backtrack, all in the same chunk (rows with fewer tokens are
   left-padded inside the chunk, then realigned). Returns each row's next-token logits, and when
   asked the logits of every chunk position (the log-probabilities of forced tokens).
-* `rewind`: drop a row's last n tokens (its KV entries too), per row, in one gather.
+* `rewind`: drop a row's last n tokens (its KV entries too), per row, in one gather. A verify round's
+  rejected drafts may instead stay in a dynamic cache as masked columns (holes; not with windowed
+  attention) until `HOLES` columns could be dropped: the gather moves the whole cache.
 * `fork`: copy rows, KV included, into new rows.
 * `retire`: drop finished rows from the batch.
 
@@ -37,6 +39,17 @@ from ..core import BridgeCore
 from ..hook_points import HookContext
 from .fast import compiled_step
 from .kv import KVRows, realignment, run_chunk
+
+# Masked columns a verify round may leave in a dynamic cache before it is realigned (`Engine.rewind`).
+HOLES = 32
+
+
+def windowed(config: Any) -> bool:
+    """Whether some attention layer of the model sees a window of columns (sliding, local or chunked)."""
+    sizes = ("sliding_window", "window_size", "attention_chunk_size", "local_attention", "attention_window")
+    if any(getattr(config, name, None) for name in sizes):
+        return True
+    return any(t != "full_attention" for t in getattr(config, "layer_types", None) or ())
 
 
 @dataclass
@@ -119,6 +132,9 @@ class Engine:
         self.real = torch.zeros((len(rows), 0), dtype=torch.bool, device=self.device)  # [slot, key_pos]
         self.forwards = 0
         self.unaligned = False  # padding left inside the cache by `feed(realign=False)`
+        # `rewind(compact=False)` may leave the rewound columns in the cache, masked (holes): a dynamic cache
+        # without windowed attention only (a window counts columns, and holes would count as tokens).
+        self.holes = not self.kv.static and not windowed(model.hf_model.config)
 
     def feed(
         self, step: int, all_logits: bool = False, realign: bool = True
@@ -196,10 +212,12 @@ class Engine:
                 self._realign()
         return logits, (chunk_logits if all_logits else None)
 
-    def rewind(self, drops: list[int], refeed: list[bool]) -> None:
+    def rewind(self, drops: list[int], refeed: list[bool], compact: bool = True) -> None:
         """Drop the last ``drops[i]`` tokens of batch row ``i`` (tokens, KV entries and records); where
         ``refeed[i]``, also take the last kept token out of the cache and make it pending again, so the
-        next forward gives the logits of the rewound position."""
+        next forward gives the logits of the rewound position. ``compact=False`` (a verify round's rejected
+        drafts) masks the dropped columns and leaves them where the model allows it (`holes`) until
+        `HOLES` columns could be dropped: the realignment is a gather of the whole cache."""
         if not any(drops) and not any(refeed):
             if self.unaligned:
                 self._realign()
@@ -217,6 +235,9 @@ class Engine:
         real = self.real
         newest = real.flip(1).cumsum(1).flip(1)  # real columns at or after each column
         self.real = real & (newest > cut.to(real.device)[:, None])
+        if not compact and self.holes and self.real.shape[1] - int(self.real.sum(1).max()) < HOLES:
+            self.unaligned = False  # the next chunk follows the holes; positions and the mask skip them
+            return
         self._realign()
 
     def fork(self, sources: list[int], rows: list[Row]) -> None:
