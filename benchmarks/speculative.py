@@ -7,6 +7,11 @@ reports how many tokens each verify forward gave per row (accepted drafts + the 
 
     python benchmarks/speculative.py [--rounds 3] [--new 64] [--k 10] [--batches 1,8] [--threads 1]
 
+``--trace``: one prompt-lookup run per batch, round by round: each row's chunk (1 + drafts fed) and the tokens
+it gained, the time from embedding to the final norm and from one forward's embedding to the next (the
+rest: unembedding, verification, rewinds, drafting). ``--costs``: what one forward costs against the chunk
+width at each batch size (the engine fed ``width`` tokens per row over a 96-token cache; minimum of 5).
+
 ``--assistant``: SmolLM2 drafting for itself (``assistant_model=model``, every draft accepted, so it measures
 the drafter's overhead): eager vs assistant tokens/s, and the draft cost per round of the drafter that keeps
 the draft model's KV cache (`speculative.Assistant`) against a full greedy `generate` of the draft over every
@@ -23,6 +28,7 @@ from pathlib import Path
 import torch
 
 from transformer_bridge import TransformerBridge
+from transformer_bridge.generation.engine import Engine, Row
 from transformer_bridge.generation.speculative import Assistant
 from transformer_bridge.real_model import smollm2_path
 
@@ -53,6 +59,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--assistant", action="store_true", help="the model as its own assistant (see above)")
+    parser.add_argument("--trace", action="store_true", help="round by round widths, gains and times")
+    parser.add_argument("--costs", action="store_true", help="forward time against chunk width")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -61,6 +69,13 @@ def main() -> None:
     model.cfg.default_prepend_bos = False
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.device} {args.dtype}, "
           f"{args.new} new tokens, k={args.k}, medians of {args.rounds} rounds")  # fmt: skip
+    if args.costs:
+        costs(model, [int(b) for b in args.batches.split(",")])
+        return
+    if args.trace:
+        for batch in (int(b) for b in args.batches.split(",")):
+            trace(model, batch, args.new, args.k)
+        return
     if args.assistant:
         print("| batch | eager tok/s | assistant tok/s | ratio | draft ms/round: kept KV | full recompute | speed-up |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
@@ -122,6 +137,68 @@ def bench_assistant(model: TransformerBridge, batch: int, n: int, k: int, rounds
         f"| {batch} | {batch * n / med['eager']:.1f} | {batch * n / med['assistant']:.1f} | "
         f"{med['eager'] / med['assistant']:.2f}x | {kept_ms:.0f} | {full_ms:.0f} | {full_ms / kept_ms:.2f}x |"
     )
+
+
+def costs(model: TransformerBridge, batches: list[int], widths: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 11)) -> None:
+    """Milliseconds of one forward of ``width`` tokens per row over a 96-token cache, per batch size."""
+    print("| batch | " + " | ".join(f"width {w}" for w in widths) + " | per row x column |")
+    print("|---:|" + "---:|" * (len(widths) + 1))
+    engines = {}
+    for b in batches:
+        tokens, mask = prompts(model, b)
+        rows = [Row(i, -1, [t for t, m in zip(ts, ms, strict=True) if m] + [100] * 32, 0, 0)
+                for i, (ts, ms) in enumerate(zip(tokens.tolist(), mask.tolist(), strict=True))]  # fmt: skip
+        for r in rows:
+            r.pending = r.prompt_length = len(r.tokens)
+        engines[b] = Engine(model, rows, model.pad_token_id or 0)
+        with torch.no_grad():
+            engines[b].feed(0)
+    times = {}
+    for _ in range(5):  # interleaved: every (batch, width) once per pass
+        for b, engine in engines.items():
+            for w in widths:
+                for r in engine.rows:
+                    r.tokens.extend([100] * w)
+                    r.pending, r.kind = w, "verify"
+                start = time.perf_counter()
+                with torch.no_grad():
+                    engine.feed(1, all_logits=True)
+                times.setdefault((b, w), []).append(time.perf_counter() - start)
+                engine.rewind([w] * b, [False] * b)
+    for b in batches:
+        ms = [1000 * min(times[(b, w)]) for w in widths]
+        slope = (ms[-1] - ms[0]) / (b * (widths[-1] - widths[0]))
+        print(f"| {b} | " + " | ".join(f"{t:.0f}" for t in ms) + f" | {slope:.2f} ms |")
+
+
+def trace(model: TransformerBridge, batch: int, n: int, k: int) -> None:
+    """One prompt-lookup run, round by round (see the module docstring)."""
+    tokens, mask = prompts(model, batch)
+    kw = dict(attention_mask=mask.to(model.device), max_new_tokens=n, min_new_tokens=n)
+    tokens = tokens.to(model.device)
+    model.generate(tokens, **kw, prompt_lookup_num_tokens=k)  # warm-up
+    seen = []
+
+    def embed(x, hook):
+        real = ~hook.ctx.pad_mask
+        starts = {row: int(p[r][0]) for row, p, r in zip(hook.ctx.rows, hook.ctx.positions, real, strict=True)
+                  if row >= 0 and r.any()}  # fmt: skip
+        counts = {row: int(r.sum()) for row, r in zip(hook.ctx.rows, real, strict=True) if row >= 0 and r.any()}
+        seen.append([time.perf_counter(), None, starts, counts])
+
+    def final(x, hook):
+        seen[-1][1] = time.perf_counter()
+
+    with model.hooks(fwd_hooks=[("hook_embed", embed), ("ln_final.hook_normalized", final)]):
+        start = time.perf_counter()
+        model.generate(tokens, **kw, prompt_lookup_num_tokens=k)
+        total = time.perf_counter() - start
+    print(f"\nbatch {batch}: {len(seen)} forwards, {total:.2f} s; per round: chunk per row (1 + drafts fed) -> "
+          "tokens gained, ms embedding to final norm, ms to the next forward")  # fmt: skip
+    for (t0, t1, starts, counts), nxt in itertools.pairwise([*seen, [start + total, None, {}, {}]]):
+        gained = [nxt[2][r] - s if r in nxt[2] else "end" for r, s in starts.items()]
+        chunks = [counts[r] for r in starts]
+        print(f"  {chunks} -> {gained}: {1000 * (t1 - t0):.0f} ms model, {1000 * (nxt[0] - t0):.0f} ms round")
 
 
 def bench(model: TransformerBridge, batch: int, n: int, k: int, rounds: int) -> None:
