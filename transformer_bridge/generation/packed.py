@@ -50,7 +50,7 @@ _PACKS: dict[tuple, _Pack] = {}
 
 
 def packable(weight: Any) -> bool:
-    """Whether oneDNN can pack ``weight`` (a 2-D fp32 CPU tensor with unit inner stride) on this build.
+    """Whether oneDNN can pack ``weight`` (a 2-D fp32 CPU tensor) on this build.
 
     Example:
         >>> import torch
@@ -147,6 +147,8 @@ def revalidate() -> int:
             continue
         rows, cols = _sums(weight)
         if not (torch.equal(rows, entry.rows) and torch.equal(cols, entry.cols)):
+            # the new entry holds this view's version (0), not the parameter's: where they differ, the next
+            # step packs once more (it trusts no version it has not seen)
             _pack(weight, key[-1], key)
             changed += 1
     return changed
