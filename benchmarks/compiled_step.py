@@ -2,9 +2,11 @@
 
 Two bridges over the same SmolLM2 weights, one compiled with the packed products turned off
 (``packed.MIN_ROWS`` past the batch), one with them on; plus the eager bridge. Interleaved rounds of one
-``generate(compile=True)`` call each; reports ms per decode step (median, best), the packed copies' memory,
-and checks that the tokens equal the eager bridge's and the logits are within 1e-4. ``--profile`` prints
-the top ops of one call of each compiled variant.
+``generate(compile=True)`` call each; reports ms per decode step (median, best; the eager prefill shared
+out over the steps), the packed copies' memory, checks that the tokens equal the eager bridge's, and
+reports each variant's largest logit difference from the eager bridge and from an fp64 oracle (the same
+weights in float64, one teacher-forced forward over the eager tokens). ``--profile`` prints the top ops
+of one call of each compiled variant.
 
     python benchmarks/compiled_step.py [--batch 8] [--new 32] [--rounds 5] [--threads 1] [--profile]
 """
