@@ -150,7 +150,8 @@ class Assistant:
 # What a verify forward costs, in chunk positions: a forward of `batch` rows by `width` columns costs about
 # ``FORWARD_POSITIONS + batch * width`` positions. On this project's CPU (SmolLM2-135M fp32, one thread) a
 # forward costs ~80 ms plus ~3.4 ms per position (batch 8: width 1 108 ms, width 11 401 ms): 24. On a GPU a
-# small chunk is bound by reading the weights and launching kernels, so wide chunks are nearly free.
+# small chunk is bound by reading the weights and launching kernels, so wide chunks are nearly free (256 is
+# an estimate, not measured here; `benchmarks/speculative.py --costs` measures a device).
 FORWARD_POSITIONS = {"cpu": 24.0}
 FORWARD_POSITIONS_ELSEWHERE = 256.0
 # Prior rate at which a draft token is accepted, by what it came from (the n-gram length a prompt lookup
