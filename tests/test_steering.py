@@ -94,3 +94,36 @@ def test_bad_steering_arguments():
     with model.steer("blocks.0.hook_resid_post", add=v) as s, pytest.raises(ValueError, match="shape"):
         s.update(add=torch.zeros(3))
     assert not model.hook_dict["blocks.0.hook_resid_post"].fwd_hooks
+
+
+def test_a_new_steer_reuses_a_removed_ones_tensors_and_the_compiled_step():
+    """``with model.steer(...)`` in a loop: the second intervention of the same kind takes over the first's
+    tensors (so the compiled step traced with it is met again, not re-traced: torch drops a graph whose tensors
+    were freed); two at once stay distinct; the results equal hand-written hooks."""
+    from torch._dynamo.utils import counters
+
+    model = make_bridge("llama")
+    tokens, mask = model.to_tokens_and_mask(["Hello world, this is", "Hi"], padding_side="left")
+    point = "blocks.1.hook_resid_post"
+    gen = torch.Generator().manual_seed(2)
+    a, b = (3 * torch.randn(model.cfg.d_model, generator=gen) for _ in range(2))
+    kw = dict(attention_mask=mask, max_new_tokens=8)
+    expected = []
+    for v in (a, b):
+        with model.hooks(fwd_hooks=[(point, lambda x, hook, v=v: x + v)]):
+            expected.append(model.generate(tokens, **kw))
+    outs, objects = [], []
+    for v in (a, b, a):
+        with model.steer(point, add=v) as s:
+            outs.append(model.generate(tokens, **kw, compile=True))
+            objects.append(s)
+        if len(outs) == 1:
+            graphs = counters["stats"]["unique_graphs"]
+    assert counters["stats"]["unique_graphs"] == graphs  # the 2nd and 3rd steer ran the 1st one's graph
+    assert [torch.equal(o, e) for o, e in zip(outs, [*expected, expected[0]], strict=True)] == [True] * 3
+    assert objects[0] is objects[1] is objects[2]
+    with model.steer(point, add=a) as s1, model.steer(point, add=b) as s2:
+        assert s1 is not s2 and not torch.equal(s1.value, s2.value)
+        with model.hooks(fwd_hooks=[(point, lambda x, hook: x + a + b)]):
+            both = model.generate(tokens, **kw)
+        assert torch.equal(model.generate(tokens, **kw), both)

@@ -268,13 +268,15 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
         past_key_values: Any = None,
         position_ids: Int[Tensor, "batch pos"] | None = None,
         logits_to_keep: int = 0,
+        checked: bool = True,
         **hf_kwargs: Any,
     ) -> Any:
         """One HF forward with ``ctx`` visible to hooks. The building block of forward and generate.
 
         ``attention_mask`` covers cached plus new positions; pass ``None`` when there is no padding
         so HF takes its own fastest path (and its default positions). ``logits_to_keep=1``
-        unembeds only the last position, as HF's generate does (0 keeps all).
+        unembeds only the last position, as HF's generate does (0 keeps all). ``checked=False``: the
+        caller checks that every hooked site ran (`sites_checked`, around a compiled call of this).
         """
         if self.adapter.ssm is not None and attention_mask is not None:
             attention_mask = attention_mask[:, -tokens.shape[1] :]  # Mamba masks only its input positions
@@ -287,7 +289,7 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
         if self.adapter.attn_registry:  # GPT-J, GPT-Neo, Falcon branch on the name and never call the registry
             config._attn_implementation = bridged
         # Under torch.compile, reading `_live` is also a guard: compiled code is retraced when hooks come or go.
-        armed = arm_sites(self._live) if self._live else None
+        armed = arm_sites(self._live) if self._live and checked else None
         try:
             with self._context(ctx):
                 out = self.hf_model(
@@ -308,6 +310,25 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
             if armed:
                 disarm_sites(armed)
         return out
+
+    @contextlib.contextmanager
+    def sites_checked(self) -> Iterator[None]:
+        """Around a compiled function that runs `run_model` with ``checked=False``: raise
+        `StaleCompiledHooksError` when a hooked site did not run. The check stays outside the compiled
+        code, which then has no graph break (each costs a CUDA graph split and a guard check per step).
+
+        Example:
+            >>> with model.sites_checked():
+            ...     out = model.run_model(tokens, None, HookContext.from_mask(mask), checked=False)
+        """
+        armed = arm_sites(self._live) if self._live else None
+        try:
+            yield
+            if armed:
+                check_sites(self.hook_dict, self._sites_for, armed)
+        finally:
+            if armed:
+                disarm_sites(armed)
 
     def forward_tokens(
         self,

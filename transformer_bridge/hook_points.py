@@ -136,7 +136,8 @@ class HookPoint:
 
     @property
     def active(self) -> bool:
-        return bool(self.fwd_hooks or self.bwd_hooks)
+        # len(), not bool(list): read inside compiled steps, and dynamo before torch 2.13 cannot trace bool(list)
+        return len(self.fwd_hooks) > 0 or len(self.bwd_hooks) > 0
 
     def layer(self) -> int:
         """Block index of this point; raises `ValueError` for points outside the blocks."""

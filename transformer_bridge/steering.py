@@ -17,6 +17,12 @@ Operations (exactly one per intervention), on the activation ``x`` at ``point``:
 ``positions`` (an int or a list of ints) limits it to those absolute positions of each row
 (``hook.ctx.positions``: left padding does not count), so a generation steers the same tokens however
 it is batched or chunked.
+
+Values live on the model's device. A removed intervention is kept by the model and reused by the
+next ``steer`` of the same point, operation and shapes, which copies its values into the same tensors:
+``with model.steer(...)`` in a loop then meets the compiled step's graph again instead of re-tracing it
+(the graph reads those tensors, and a graph whose tensors were freed is dropped by torch). A `Steering`
+object is therefore not to be read after its `remove`.
 """
 
 from collections.abc import Sequence
@@ -132,8 +138,26 @@ def steer(
         if not listed or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in listed):
             raise ValueError(f"`positions` must be a non-negative int or a non-empty list of them, got {positions!r}.")
         where = torch.tensor(listed, dtype=torch.long)
-    steering = Steering(model, point, operation, value, where)
+    steering = _reuse(model, point, operation, value, where)
     steering.handle = model.add_hook(point, steering)
+    return steering
+
+
+def _reuse(model: HookRegistry, point: str, operation: str, value: Tensor, where: Tensor | None) -> Steering:
+    """A removed `Steering` of the same kind given the new values in place, or a new one (kept for reuse)."""
+    device = getattr(model, "device", value.device)
+    value = value.to(device)
+    where = None if where is None else where.to(device)
+    key = (point, operation, value.shape, value.dtype, None if where is None else where.shape)
+    kept = model.__dict__.setdefault("_steerings", {}).setdefault(key, [])
+    for steering in kept:
+        if steering.handle is None and steering.value.device == device:
+            steering.value.copy_(value)
+            if where is not None:
+                steering.positions.copy_(where)
+            return steering
+    steering = Steering(model, point, operation, value, where)
+    kept.append(steering)
     return steering
 
 

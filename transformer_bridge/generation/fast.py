@@ -22,6 +22,7 @@ Steps run after every row finished append padding only, and the output is cut to
 so the sequences equal the dynamic loop's.
 """
 
+import types
 import warnings
 import weakref
 from collections.abc import Callable
@@ -94,7 +95,11 @@ def compiled_step(model: BridgeCore) -> Callable:
     packed.revalidate()
     state = _state(model)
     if state["compiled"] is None:
-        state["compiled"] = torch.compile(_step, dynamic=False, **compile_options(model.device))
+        # A copy of `_step` with its own code object per model: dynamo keeps its graphs per code object, so one
+        # model's graphs are never tried (nor counted against the recompile limit) for another, and a graph
+        # traced for a freed model cannot serve a new one that happens to reuse its objects' addresses.
+        step = types.FunctionType(_step.__code__.replace(), _step.__globals__, _step.__name__)
+        state["compiled"] = torch.compile(step, dynamic=False, **compile_options(model.device))
     return state["compiled"]
 
 

@@ -234,8 +234,10 @@ def run_chunk(
         # (slices of the plain loop's buffers, the engine's own tensors) then share one graph per bucket.
         token, position = (t.new_empty(t.shape).copy_(t) for t in (tokens, positions))
         start = time.perf_counter()
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), model.sites_checked():
             logits = step(model, token, position, key_mask, kv.cache, extra["cache_position"], ctx)[:, None]
+        if logits.is_cuda:  # a CUDA graph's output buffer is rewritten by its next replay: keep a copy
+            logits = logits.clone()
         COMPILE_SECONDS.setdefault((tokens.shape[0], kv.capacity), time.perf_counter() - start)
     else:
         out = model.run_model(tokens, key_mask, ctx, past_key_values=kv.cache, position_ids=positions,
