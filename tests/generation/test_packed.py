@@ -109,3 +109,14 @@ def test_batch_compiled_with_packed_weights_equals_eager_and_sees_edits():
     assert not torch.allclose(compiled.logits, first.logits, atol=1e-2)
     assert torch.equal(compiled.sequences, eager.sequences)
     torch.testing.assert_close(compiled.logits, eager.logits, atol=1e-4, rtol=0)
+
+
+def test_one_packed_copy_per_weight_whatever_the_batch_size():
+    """Products of 2, 3, 8 and 37 rows share one packed copy (made for the first): memory stays one weight's."""
+    packed.clear()
+    w = torch.randn(24, 16)
+    for m in (3, 2, 8, 37, 3):
+        x = torch.randn(m, 16)
+        torch.testing.assert_close(packed.packed_mm(x, w), x @ w.T, atol=1e-5, rtol=0)
+        assert packed.memory_bytes() == w.numel() * 4
+    packed.clear()

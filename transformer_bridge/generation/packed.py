@@ -43,9 +43,11 @@ class _Pack:
     packed: Tensor
     rows: Tensor  # row sums of the weight's bit patterns (int32, wrapping) when it was packed
     cols: Tensor  # column sums
+    hint: int  # the rows of the product it was packed for (oneDNN's layout hint; any product may use it)
 
 
-# (storage data pointer, offset, shape, stride, rows of the product) -> its pack
+# (storage data pointer, offset, shape, stride) -> its pack: one per weight, whatever the batch size (a copy
+# packed for products of m rows serves products of any number of rows), so packs hold at most the weights' size
 _PACKS: dict[tuple, _Pack] = {}
 
 
@@ -66,9 +68,8 @@ def _sums(weight: Tensor) -> tuple[Tensor, Tensor]:
     return bits.sum(1, dtype=torch.int32), bits.sum(0, dtype=torch.int32)
 
 
-def _key(weight: Tensor, m: int) -> tuple:
-    return (weight.untyped_storage().data_ptr(), weight.storage_offset(), tuple(weight.shape),
-            weight.stride(), m)  # fmt: skip
+def _key(weight: Tensor) -> tuple:
+    return (weight.untyped_storage().data_ptr(), weight.storage_offset(), tuple(weight.shape), weight.stride())
 
 
 def _pack(weight: Tensor, m: int, key: tuple) -> _Pack:
@@ -80,14 +81,14 @@ def _pack(weight: Tensor, m: int, key: tuple) -> _Pack:
             del _PACKS[key]
 
     entry = _Pack(weakref.ref(weight.untyped_storage(), gone), weight.storage_offset(), tuple(weight.shape),
-                  weight.stride(), weight._version, packed, rows, cols)  # fmt: skip
+                  weight.stride(), weight._version, packed, rows, cols, m)  # fmt: skip
     _PACKS[key] = entry
     return entry
 
 
 def _current(weight: Tensor, m: int) -> Tensor:
-    """The packed copy of ``weight`` for products of ``m`` rows, (re)packed if missing or out of date."""
-    key = _key(weight, m)
+    """The packed copy of ``weight`` ((re)packed for products of ``m`` rows if missing or out of date)."""
+    key = _key(weight)
     entry = _PACKS.get(key)
     if entry is None or entry.storage() is not weight.untyped_storage() or entry.version != weight._version:
         entry = _pack(weight, m, key)
@@ -149,7 +150,7 @@ def revalidate() -> int:
         if not (torch.equal(rows, entry.rows) and torch.equal(cols, entry.cols)):
             # the new entry holds this view's version (0), not the parameter's: where they differ, the next
             # step packs once more (it trusts no version it has not seen)
-            _pack(weight, key[-1], key)
+            _pack(weight, entry.hint, key)
             changed += 1
     return changed
 
