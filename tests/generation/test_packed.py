@@ -10,19 +10,12 @@ import gc
 import pytest
 import torch
 from conftest import make_bridge
-from torch.fx.experimental.proxy_tensor import make_fx
+from test_compiled_step import _targets
 
 from transformer_bridge.generation import packed
 from transformer_bridge.generation.compiled import RowTimesMatrix
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
-
-
-def _targets(fn, *args) -> set[str]:
-    gm = make_fx(fn, tracing_mode="fake")(*args)
-    RowTimesMatrix()(gm.graph)
-    gm.recompile()
-    return {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
 
 
 def test_pass_sends_products_of_several_rows_of_a_weight_to_the_packed_op():
