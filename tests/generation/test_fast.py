@@ -1,5 +1,7 @@
 """The static-cache loop and the compiled decode step against the plain (dynamic-cache, eager) loop."""
 
+import logging
+
 import pytest
 import torch
 from conftest import FAMILIES, make_bridge
@@ -101,6 +103,27 @@ def test_compiled_equals_the_eager_loop(family):
     assert torch.equal(compiled.sequences, plain.sequences)
     torch.testing.assert_close(compiled.logits, plain.logits, atol=1e-4, rtol=0)
     assert (3, 64) in fast.COMPILE_SECONDS
+
+
+def test_compile_time_is_reported_for_each_compile(caplog):
+    """Each call that compiles the step (a new bucket, then a new set of hooks) logs its seconds; a call that
+    reuses a graph logs nothing."""
+    model = make_bridge("llama", seed=7)
+    tokens, mask = batch(model)
+    kw = dict(attention_mask=mask, max_new_tokens=5)
+    point = "blocks.1.hook_resid_post"
+    with caplog.at_level(logging.INFO, logger="transformer_bridge.generation.kv"):
+        model.generate(tokens, **kw, compile=True)
+        first = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        model.generate(tokens, **kw, compile=True)
+        again = [r.getMessage() for r in caplog.records]
+        with model.hooks(fwd_hooks=[(point, lambda x, hook: 2 * x)]):
+            model.generate(tokens, **kw, compile=True)
+        hooked = [r.getMessage() for r in caplog.records]
+    assert len(first) == 1 and first[0].startswith("compiled the decode step for batch 3, cache bucket 64 in ")
+    assert again == [] and len(hooked) == 1
+    assert fast.COMPILE_SECONDS[(3, 64)] > 0
 
 
 def test_compiled_with_steering_python_hooks_and_return_cache():

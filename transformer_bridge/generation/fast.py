@@ -50,7 +50,9 @@ RECOMPILE_LIMIT = 256
 
 # Per model (by id, checked through a weak reference): its compiled step (its static caches: `kv.static_cache`).
 _STATE: dict[int, dict[str, Any]] = {}
-COMPILE_SECONDS: dict[tuple[int, int], float] = {}  # (batch, bucket) -> seconds of the first compiled call
+# (batch, bucket) -> seconds of the latest call that compiled the step (a new bucket, or a new set of hooks);
+# each compile is also logged (logger `transformer_bridge.generation.kv`, level INFO).
+COMPILE_SECONDS: dict[tuple[int, int], float] = {}
 
 
 def bucket_length(n: int) -> int:

@@ -25,6 +25,7 @@ appends.
 bucket for a static cache, and runs the compiled one-token step when given one.
 """
 
+import logging
 import time
 import weakref
 from collections.abc import Callable
@@ -33,12 +34,15 @@ from typing import Any
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
+from torch._dynamo.utils import counters
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from ..core import BridgeCore
 from ..hook_points import HookContext
 from .fast import COMPILE_SECONDS, RECOMPILE_LIMIT, bucket_length
+
+logger = logging.getLogger(__name__)
 
 # Positions a static cache keeps beyond prompt + max_new_tokens (the engine's uneven or forced chunks; the
 # plain loop's cache has it too, so both drivers of one call land in the same bucket and compiled graph).
@@ -233,18 +237,24 @@ def run_chunk(
         # Fresh contiguous inputs: the compiled graph is specialised to their strides, and the two drivers
         # (slices of the plain loop's buffers, the engine's own tensors) then share one graph per bucket.
         token, position = (t.new_empty(t.shape).copy_(t) for t in (tokens, positions))
-        start = time.perf_counter()
+        graphs, start = counters["stats"]["unique_graphs"], time.perf_counter()
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), model.sites_checked():
             logits = step(model, token, position, key_mask, kv.cache, extra["cache_position"], ctx)[:, None]
         if logits.is_cuda:  # a CUDA graph's output buffer is rewritten by its next replay: keep a copy
             logits = logits.clone()
-        COMPILE_SECONDS.setdefault((tokens.shape[0], kv.capacity), time.perf_counter() - start)
+        if counters["stats"]["unique_graphs"] != graphs:  # this call traced and compiled the step
+            _report_compile(tokens.shape[0], kv.capacity, time.perf_counter() - start)
     else:
         out = model.run_model(tokens, key_mask, ctx, past_key_values=kv.cache, position_ids=positions,
                               logits_to_keep=keep, **extra)  # fmt: skip
         logits = out.logits
     kv.advance(width)
     return logits
+
+
+def _report_compile(batch: int, bucket: int, seconds: float) -> None:
+    COMPILE_SECONDS[(batch, bucket)] = seconds
+    logger.info("compiled the decode step for batch %d, cache bucket %d in %.1f s", batch, bucket, seconds)
 
 
 # Per model (by id, checked through a weak reference): its static caches by (batch, length).
