@@ -1,10 +1,12 @@
 """The static-cache loop and the compiled decode step against the plain (dynamic-cache, eager) loop."""
 
 import logging
+import warnings
 
 import pytest
 import torch
 from conftest import FAMILIES, make_bridge
+from torch._dynamo.utils import counters
 
 from transformer_bridge.generation import fast
 
@@ -124,6 +126,54 @@ def test_compile_time_is_reported_for_each_compile(caplog):
     assert len(first) == 1 and first[0].startswith("compiled the decode step for batch 3, cache bucket 64 in ")
     assert again == [] and len(hooked) == 1
     assert fast.COMPILE_SECONDS[(3, 64)] > 0
+
+
+def test_a_hook_dynamo_cannot_trace_warns_once_and_runs_eagerly():
+    """A hook that breaks the graph (``.item()``): one warning naming its point, the eager engine, the hooked eager
+    tokens; the same hook again (a new closure of it) does not warn again; another hook set still compiles."""
+    model = make_bridge("llama", seed=5)
+    tokens, mask = batch(model)
+    kw = dict(attention_mask=mask, max_new_tokens=6)
+    point = "blocks.1.hook_resid_post"
+
+    def make_hook():
+        def data_dependent(x, hook):
+            return x * 2 if x.sum().item() > 0 else x * 3
+
+        return data_dependent
+
+    with model.hooks(fwd_hooks=[(point, make_hook())]):
+        expected = model.generate(tokens, **kw)
+        with pytest.warns(UserWarning, match="blocks.1.hook_resid_post cannot be traced") as warned:
+            assert torch.equal(model.generate(tokens, **kw, compile=True), expected)
+    assert len(warned) == 1 and "item" in str(warned[0].message)
+    graphs = counters["stats"]["unique_graphs"]
+    with warnings.catch_warnings(record=True) as later:
+        warnings.simplefilter("always")
+        with model.hooks(fwd_hooks=[(point, make_hook())]):
+            assert torch.equal(model.generate(tokens, **kw, compile=True), expected)
+        assert counters["stats"]["unique_graphs"] == graphs  # not traced again
+        with model.hooks(fwd_hooks=[(point, lambda x, hook: 2 * x)]):
+            model.generate(tokens, **kw, compile=True)
+    assert counters["stats"]["unique_graphs"] > graphs  # this one was compiled
+    assert not [w for w in later if "cannot be traced" in str(w.message)]
+
+
+def test_model_code_dynamo_cannot_trace_is_compiled_in_pieces(caplog):
+    """An MoE router's data-dependent loop stops a whole-graph trace: the step is compiled in pieces (no warning),
+    hooks included, and gives the eager tokens."""
+    model = make_bridge("mixtral")
+    tokens, mask = batch(model)
+    kw = dict(attention_mask=mask, max_new_tokens=6)
+    point = "blocks.1.hook_resid_post"
+    with model.hooks(fwd_hooks=[(point, lambda x, hook: 2 * x)]):
+        expected = model.generate(tokens, **kw)
+        with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO, "transformer_bridge"):
+            warnings.simplefilter("always")
+            assert torch.equal(model.generate(tokens, **kw, compile=True), expected)
+    assert not [w for w in caught if "cannot be traced" in str(w.message)]
+    assert any("compiled in pieces" in r.getMessage() for r in caplog.records)
+    assert fast._state(model)["compiled"] is not None and "untraceable" not in fast._state(model)
 
 
 def test_compiled_with_steering_python_hooks_and_return_cache():

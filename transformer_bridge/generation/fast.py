@@ -22,6 +22,7 @@ Steps run after every row finished append padding only, and the output is cut to
 so the sequences equal the dynamic loop's.
 """
 
+import logging
 import types
 import warnings
 import weakref
@@ -38,6 +39,8 @@ from ..hook_points import HookContext
 from . import packed
 from .compiled import compile_options
 from .options import Plan
+
+logger = logging.getLogger(__name__)
 
 BUCKET = 64  # cache lengths are rounded up to a multiple of this
 SYNC_EVERY = 8  # decode steps between two looks of the host at the finished rows, on an accelerator
@@ -100,9 +103,59 @@ def compiled_step(model: BridgeCore) -> Callable:
         # A copy of `_step` with its own code object per model: dynamo keeps its graphs per code object, so one
         # model's graphs are never tried (nor counted against the recompile limit) for another, and a graph
         # traced for a freed model cannot serve a new one that happens to reuse its objects' addresses.
-        step = types.FunctionType(_step.__code__.replace(), _step.__globals__, _step.__name__)
-        state["compiled"] = torch.compile(step, dynamic=False, **compile_options(model.device))
-    return state["compiled"]
+        state["step"] = types.FunctionType(_step.__code__.replace(), _step.__globals__, _step.__name__)
+        # fullgraph: a step dynamo cannot trace whole raises at its first call instead of running in pieces;
+        # `refuse` then tells a hook that cannot be traced (warned; eager) from model code that cannot (pieces).
+        state["compiled"] = torch.compile(state["step"], dynamic=False, fullgraph=True,
+                                          **compile_options(model.device))  # fmt: skip
+        state["call"] = lambda *args: state["compiled"](*args)
+    return state["call"]
+
+
+def hook_set(model: BridgeCore) -> frozenset:
+    """The hooks now attached, as (point, code) pairs: a new closure of the same function is the same hook."""
+    return frozenset((point.name, _code(entry.fn)) for site in model._live for point in site.points.values()
+                     for entry in point.fwd_hooks)  # fmt: skip
+
+
+def _code(fn: Any) -> Any:
+    fn = getattr(fn, "__func__", fn)  # a bound method: its function
+    if not hasattr(fn, "__code__"):
+        fn = type(fn).__call__  # a callable object (`Steering`): its class's __call__
+    return getattr(fn, "__code__", None) or type(fn)
+
+
+def refused(model: BridgeCore) -> bool:
+    """Whether the hooks now attached could not be traced into the compiled step (see `refuse`)."""
+    untraceable = _state(model).get("untraceable")
+    return bool(untraceable) and hook_set(model) in untraceable
+
+
+def refuse(model: BridgeCore, error: Exception) -> bool:
+    """After dynamo could not trace the step whole: True when the model's own code stopped it (an MoE
+    router's data-dependent loop, say): the step is then compiled in pieces, as torch.compile does by
+    default, every hook still inside, and the caller runs it again. False when a hook stopped it: that set of
+    hooks runs eagerly from now on, said once in a warning."""
+    state = _state(model)
+    frames = {(frame.filename, frame.name) for frame in getattr(error, "real_stack", None) or ()}
+    hooks = hook_set(model)
+    blamed = sorted({point for point, code in hooks
+                     if isinstance(code, types.CodeType) and (code.co_filename, code.co_name) in frames})  # fmt: skip
+    if not blamed:
+        state["compiled"] = torch.compile(state["step"], dynamic=False, **compile_options(model.device))
+        logger.info("%s: the decode step is compiled in pieces (dynamo cannot trace the model's code whole)",
+                    type(model.hf_model).__name__)  # fmt: skip
+        return True
+    state.setdefault("untraceable", set()).add(hooks)
+    reason = "\n".join(str(error).strip().splitlines()[:6])
+    warnings.warn(
+        f"`compile=True`: the hook on {', '.join(blamed)} cannot be traced into the compiled decode step (dynamo "
+        "stopped at a graph break or a branch on tensor data), so this generation and later ones with the same "
+        "hooks decode eagerly (same tokens, not compiled). Make the hook traceable (no .item(), .tolist(), "
+        f"data-dependent Python branches or untraceable calls) or use `model.steer(...)`. Dynamo said:\n{reason}",
+        stacklevel=4,
+    )
+    return False
 
 
 def check(model: BridgeCore, cache_implementation: Any, compile: Any, p: Plan) -> bool:

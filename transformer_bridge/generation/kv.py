@@ -40,6 +40,7 @@ from transformers.cache_utils import StaticLayer
 
 from ..core import BridgeCore
 from ..hook_points import HookContext
+from . import fast
 from .fast import COMPILE_SECONDS, RECOMPILE_LIMIT, bucket_length
 
 logger = logging.getLogger(__name__)
@@ -233,22 +234,45 @@ def run_chunk(
     kv.reserve(width)
     key_mask = None if mask is None else kv.key_mask(mask)
     extra = kv.chunk_kwargs(width)
-    if step is not None and kv.static and width == 1:
-        # Fresh contiguous inputs: the compiled graph is specialised to their strides, and the two drivers
-        # (slices of the plain loop's buffers, the engine's own tensors) then share one graph per bucket.
-        token, position = (t.new_empty(t.shape).copy_(t) for t in (tokens, positions))
-        graphs, start = counters["stats"]["unique_graphs"], time.perf_counter()
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), model.sites_checked():
-            logits = step(model, token, position, key_mask, kv.cache, extra["cache_position"], ctx)[:, None]
-        if logits.is_cuda:  # a CUDA graph's output buffer is rewritten by its next replay: keep a copy
-            logits = logits.clone()
-        if counters["stats"]["unique_graphs"] != graphs:  # this call traced and compiled the step
-            _report_compile(tokens.shape[0], kv.capacity, time.perf_counter() - start)
-    else:
+    logits = None
+    if step is not None and kv.static and width == 1 and not fast.refused(model):
+        logits = _compiled(model, kv, step, tokens, key_mask, positions, ctx, extra["cache_position"])
+    if logits is None:
         out = model.run_model(tokens, key_mask, ctx, past_key_values=kv.cache, position_ids=positions,
                               logits_to_keep=keep, **extra)  # fmt: skip
         logits = out.logits
     kv.advance(width)
+    return logits
+
+
+def _compiled(
+    model: BridgeCore,
+    kv: "StaticKVRows",
+    step: Callable,
+    tokens: Int[Tensor, "batch 1"],
+    key_mask: Int[Tensor, "batch bucket"] | None,
+    positions: Int[Tensor, "batch 1"],
+    ctx: HookContext,
+    cache_position: Int[Tensor, " 1"],
+) -> Float[Tensor, "batch 1 d_vocab"] | None:
+    """The compiled one-token step; None when dynamo cannot trace it whole with these hooks (warned once)."""
+    # Fresh contiguous inputs: the compiled graph is specialised to their strides, and the two drivers
+    # (slices of the plain loop's buffers, the engine's own tensors) then share one graph per bucket.
+    token, position = (t.new_empty(t.shape).copy_(t) for t in (tokens, positions))
+    graphs, start = counters["stats"]["unique_graphs"], time.perf_counter()
+    while True:
+        try:
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), model.sites_checked():
+                logits = step(model, token, position, key_mask, kv.cache, cache_position, ctx)[:, None]
+            break
+        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as error:  # a graph break, or a
+            # branch on data: the step is compiled with fullgraph, so dynamo raises instead of cutting it
+            if not fast.refuse(model, error):
+                return None  # a hook cannot be traced: eager, warned once
+    if logits.is_cuda:  # a CUDA graph's output buffer is rewritten by its next replay: keep a copy
+        logits = logits.clone()
+    if counters["stats"]["unique_graphs"] != graphs:  # this call traced and compiled the step
+        _report_compile(tokens.shape[0], kv.capacity, time.perf_counter() - start)
     return logits
 
 
