@@ -260,13 +260,15 @@ def _compiled(
     # (slices of the plain loop's buffers, the engine's own tensors) then share one graph per bucket.
     token, position = (t.new_empty(t.shape).copy_(t) for t in (tokens, positions))
     graphs, start = counters["stats"]["unique_graphs"], time.perf_counter()
-    while True:
+    for attempt in (0, 1):  # the second: compiled in pieces after the model's own code stopped a whole trace
         try:
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), model.sites_checked():
                 logits = step(model, token, position, key_mask, kv.cache, cache_position, ctx)[:, None]
             break
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as error:  # a graph break, or a
             # branch on data: the step is compiled with fullgraph, so dynamo raises instead of cutting it
+            if attempt:
+                raise  # compiled in pieces, dynamo cuts the graph instead: not a case to fall back from
             if not fast.refuse(model, error):
                 return None  # a hook cannot be traced: eager, warned once
     if logits.is_cuda:  # a CUDA graph's output buffer is rewritten by its next replay: keep a copy
