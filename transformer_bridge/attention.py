@@ -8,7 +8,6 @@ registered function delegates to the original unless an attention-internal hook 
 then it computes attention explicitly so those points can be read and edited.
 """
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .hook_points import HookPoint
+from .versions import eager_attention
 
 SUPPORTED_ORIGINALS = ("sdpa", "eager")
 PREFIX = "bridge_"
@@ -63,10 +63,8 @@ _BRIDGED: dict[str, str] = {}
 
 
 def _original_function(original: str, module: nn.Module) -> Callable:
-    if original == "eager":
-        # Eager is model-specific (Gemma 2 soft-caps); it lives next to the attention class.
-        return sys.modules[type(module).__module__].eager_attention_forward
-    return ALL_ATTENTION_FUNCTIONS[original]
+    # Eager is model-specific (Gemma 2 soft-caps); it lives next to the attention class.
+    return eager_attention(module) if original == "eager" else ALL_ATTENTION_FUNCTIONS[original]
 
 
 def _make_attention(original: str) -> Callable:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, DynamicCache, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from . import attention
+from . import attention, versions
 from .adapters import Adapter, adapter_for
 from .cache import ActivationCache, check_pos_slice
 from .caching import CacheWriter, next_token_loss, next_token_losses
@@ -83,8 +83,8 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
         self._sites_for = sites.sites_for
         self._stash = sites.stash
         self._live: dict[Any, None] = {}  # sites whose torch hook is attached, checked after each forward
-        # HF's state-space models (Mamba) take their cache as `cache_params`; attention models as `past_key_values`.
-        self._cache_keyword = "cache_params" if self.adapter.ssm is not None else "past_key_values"
+        # `cache` from transformers 5.24 on (`past_key_values` / Mamba's `cache_params` before): see versions.py.
+        self._cache_keyword = versions.cache_keyword(type(hf_model))
 
     def __deepcopy__(self, memo: dict) -> "BridgeCore":
         """A bridge over a deep copy of the HF model, with the same hooks registered on the copy.

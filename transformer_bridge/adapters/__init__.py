@@ -1,5 +1,6 @@
 """Architecture adapters: one declarative record per HF family."""
 
+from ..versions import in_range, installed
 from .base import Adapter
 from .deepseek import DEEPSEEK_V3
 from .gemma import GEMMA, GEMMA2, GEMMA3, VAULTGEMMA
@@ -14,19 +15,19 @@ from .llama4 import LLAMA4
 from .mamba import MAMBA
 from .mixtral import MIXTRAL, OLMOE, QWEN2_MOE, QWEN3_MOE
 from .opt import OPT
-from .parallel import COHERE, FALCON, GPTJ, PHI
+from .parallel import COHERE, FALCON, GPTJ, GPTJ_BEFORE_5_24, PHI
 from .phi3 import PHI3
 from .post_norm import EXAONE4, OLMO2
 
 ADAPTERS: tuple[Adapter, ...] = (
     GPT2, LLAMA, QWEN3, GEMMA2, GPT_NEOX, PHI3, OPT,
     GEMMA, GEMMA3, GLM, GLM4, STABLELM, STARCODER2, OLMO, HUNYUAN, ARCEE, APERTUS,
-    PHI, COHERE, GPTJ, FALCON, OLMO2, EXAONE4, GPT_BIGCODE, GPT_NEO, GRANITE,
+    PHI, COHERE, GPTJ, GPTJ_BEFORE_5_24, FALCON, OLMO2, EXAONE4, GPT_BIGCODE, GPT_NEO, GRANITE,
     VAULTGEMMA, PERSIMMON,
 )  # fmt: skip
 ADAPTERS += (MIXTRAL, QWEN2_MOE, QWEN3_MOE, OLMOE, GPT_OSS, LLAMA4, DEEPSEEK_V3, GRANITEMOE)  # mixture of experts
 ADAPTERS += (MAMBA,)  # state space
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for a in ADAPTERS for t in a.model_types)
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(dict.fromkeys(t for a in ADAPTERS for t in a.model_types))
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -34,10 +35,23 @@ class UnsupportedArchitectureError(ValueError):
 
 
 def adapter_for(model_type: str) -> Adapter:
-    """The adapter for a ``config.model_type``; raises `UnsupportedArchitectureError` otherwise."""
-    for adapter in ADAPTERS:
-        if model_type in adapter.model_types:
+    """The adapter for a ``config.model_type`` on the installed transformers release; raises
+    `UnsupportedArchitectureError` otherwise.
+
+    Example:
+        >>> adapter_for("gpt2").embed
+        'transformer.wte'
+    """
+    known = [a for a in ADAPTERS if model_type in a.model_types]
+    for adapter in known:
+        if in_range(adapter.transformers):
             return adapter
+    if known:
+        ranges = ", ".join(a.transformers or "any" for a in known)
+        raise UnsupportedArchitectureError(
+            f"config.model_type={model_type!r} has adapters for transformers {ranges}, none for the installed "
+            f"{installed()}. Install a release in that range."
+        )
     raise UnsupportedArchitectureError(
         f"Unsupported architecture: config.model_type={model_type!r}. Supported families: "
         f"{', '.join(SUPPORTED_MODEL_TYPES)}. Adding one is a short file in transformer_bridge/adapters/."

@@ -103,6 +103,10 @@ class Adapter:
             the points of `transformer_bridge.ssm` (no attention or MLP points).
         moe: the mixture-of-experts layout (`MoE`); a block whose ``moe.experts`` module exists gets the
             MoE hook points instead of ``mlp.hook_pre`` / ``hook_pre_linear`` / ``hook_post``.
+        transformers: the transformers releases this adapter describes (a PEP 440 range, ``""``: every
+            supported release). A family HF restructured has one adapter per side of the change, and
+            `adapter_for` picks the one for the installed release (GPT-J moved onto the attention
+            interface in 5.24).
         sandwich: ``attn_out`` and ``mlp_out`` are norms applied to the sublayer outputs before the
             residual add (Gemma 2); they get ``ln1_post.*`` and ``ln2_post.*`` scale/normalized points.
     """
@@ -143,6 +147,7 @@ class Adapter:
     moe: MoE | None = None
     ssm: SSM | None = None
     mla: bool = False
+    transformers: str = ""
 
     @property
     def gated(self) -> bool:

@@ -1,8 +1,8 @@
 """Parallel blocks where one norm feeds both attention and the MLP: ``x + attn(ln(x)) + mlp(ln(x))``.
 
 Phi (phi-2: partial rotary, biases), Cohere (LayerNorm without bias; logits multiplied by
-``logit_scale``), GPT-J (the HF module computes attention itself: ``hook_pattern`` comes from the dropout
-after its softmax; no rotated q/k or scores) and Falcon (fused multi-query ``query_key_value``; the HF
+``logit_scale``), GPT-J (through HF's attention registry from transformers 5.24; before, the HF module
+computed attention itself and ``hook_pattern`` came from the dropout after its softmax) and Falcon (fused multi-query ``query_key_value``; the HF
 module calls SDPA itself, so no pattern point; ``parallel_attn=False`` gives a sequential block with a
 second norm). These blocks have no ``ln2`` and no ``hook_resid_mid``.
 """
@@ -34,6 +34,7 @@ PHI = Adapter(
 
 COHERE = replace(LLAMA, model_types=("cohere",), ln2=None, norm="layernorm", parallel_attn_mlp=True)
 
+# From transformers 5.24 GPT-J calls attention through HF's registry: the full attention point set.
 GPTJ = Adapter(
     model_types=("gptj",),
     embed="transformer.wte",
@@ -52,9 +53,12 @@ GPTJ = Adapter(
     mlp_out="mlp",
     norm="layernorm",
     parallel_attn_mlp=True,
-    attn_registry=False,
-    pattern_module="attn.attn_dropout",
+    transformers=">=5.24",
 )
+
+# Before 5.24 the HF module computed attention itself: the pattern is the output of the dropout after its
+# softmax; no rotated q/k or scores.
+GPTJ_BEFORE_5_24 = replace(GPTJ, attn_registry=False, pattern_module="attn.attn_dropout", transformers="<5.24")
 
 # Falcon-7B's layout (`multi_query=True`, `new_decoder_architecture=False`): [q heads | one k | one v].
 FALCON = Adapter(

@@ -21,6 +21,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from ..core import BridgeCore
+from ..versions import BEAM_SAMPLES_SORTED
 from .beam_control import BeamControl
 from .control import own_copy
 from .decode import Plan, decode_full, decode_one_token, prefill
@@ -109,6 +110,9 @@ def _search(
         else:
             top_index = torch.multinomial(scores.softmax(-1), keep, generator=s.generator)
             top_scores = scores.gather(1, top_index)
+            if BEAM_SAMPLES_SORTED:  # ranked best first, as HF's beam sampling does on this release
+                top_scores, order = top_scores.sort(dim=-1, descending=True)
+                top_index = top_index.gather(1, order)
         parent, token = top_index // vocab, top_index % vocab
         top_seq = _gather(running, parent)
         top_seq[:, :, cur] = token

@@ -1,0 +1,101 @@
+"""What the bridge knows about transformers and torch releases: the one place for it.
+
+The bridge reads HF's module paths, forward keywords and attention functions, so a transformers release
+can move something it relies on. Everything version-dependent is decided here, once per model at wrap
+time, never by ``if version`` checks elsewhere:
+
+- the keyword HF's forward takes for its cache: ``cache`` from 5.24 on; before, ``past_key_values``
+  (``cache_params`` for state-space models). Read from the forward's signature, so a family that was
+  renamed later (or earlier) than the rest is still right;
+- which adapter variant serves a family on this release (an adapter's ``transformers`` range: GPT-J moved
+  onto HF's attention interface in 5.24);
+- behaviours the bridge reproduces that changed between releases (`BEAM_SAMPLES_SORTED`);
+- where HF keeps what the bridge imports from non-public modules (`eager_attention`);
+- the release range this version of the bridge is tested on (`TRANSFORMERS_RANGE`, kept equal to
+  ``pyproject.toml`` by a test), named in every `UnsupportedArchitectureError`.
+
+Absorbing a new release: docs/design.md ("Absorbing a new transformers release").
+"""
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable
+
+import torch
+import transformers
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+from torch import nn
+
+# The range pyproject.toml declares: the oldest release the whole suite passes on, and one minor above the
+# newest tested. `scripts/compat.py` measures the exactness core on any release (docs/families.md).
+TRANSFORMERS_RANGE = ">=5.5.0,<5.25"
+TORCH_RANGE = ">=2.11,<2.14"
+TRANSFORMERS_VERSION = Version(transformers.__version__)
+TORCH_VERSION = Version(torch.__version__.split("+")[0])
+
+# HF's beam sampling ranks the sampled continuations by score from 5.24 on (before: in the order drawn).
+BEAM_SAMPLES_SORTED = TRANSFORMERS_VERSION >= Version("5.24.0")
+
+# Keywords HF's forward has taken for the cache, newest first.
+_CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params")
+
+
+def installed() -> str:
+    """``"transformers X (bridge tested on >=A,<B)"``: what error messages say about the installed release."""
+    return f"transformers {transformers.__version__} (this bridge is tested on transformers{TRANSFORMERS_RANGE})"
+
+
+def in_range(spec: str, version: Version = TRANSFORMERS_VERSION) -> bool:
+    """Whether ``version`` (default: the installed transformers) satisfies ``spec`` (``""``: any)."""
+    return not spec or SpecifierSet(spec).contains(version, prereleases=True)
+
+
+class MissingHFFeatureError(AttributeError):
+    """The installed transformers lacks something the bridge needs (raised as `UnsupportedArchitectureError`
+    by the adapter checks, which add the family)."""
+
+
+@functools.cache
+def cache_keyword(model_class: type) -> str:
+    """The keyword ``model_class.forward`` takes its cache by (``cache`` from transformers 5.24 on).
+
+    Example:
+        >>> from transformers import LlamaForCausalLM
+        >>> cache_keyword(LlamaForCausalLM) in ("cache", "past_key_values")
+        True
+    """
+    params = inspect.signature(model_class.forward).parameters
+    for name in _CACHE_KEYWORDS:
+        if name in params:
+            return name
+    raise MissingHFFeatureError(
+        f"{model_class.__name__}.forward takes none of the cache keywords {_CACHE_KEYWORDS} on {installed()}."
+    )
+
+
+def eager_attention(module: nn.Module) -> Callable:
+    """The family's own eager attention function (Gemma 2's soft-caps), which HF keeps next to the
+    attention class as ``eager_attention_forward`` in every 5.x release."""
+    fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if fn is None:
+        raise MissingHFFeatureError(
+            f"{type(module).__module__} has no `eager_attention_forward` on {installed()}; load the model with "
+            "attn_implementation='sdpa'."
+        )
+    return fn
+
+
+__all__ = [
+    "BEAM_SAMPLES_SORTED",
+    "TORCH_RANGE",
+    "TORCH_VERSION",
+    "TRANSFORMERS_RANGE",
+    "TRANSFORMERS_VERSION",
+    "MissingHFFeatureError",
+    "cache_keyword",
+    "eager_attention",
+    "in_range",
+    "installed",
+]
