@@ -35,9 +35,6 @@ TORCH_RANGE = ">=2.11,<2.14"
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 TORCH_VERSION = Version(torch.__version__.split("+")[0])
 
-# HF's beam sampling ranks the sampled continuations by score from 5.24 on (before: in the order drawn).
-BEAM_SAMPLES_SORTED = TRANSFORMERS_VERSION >= Version("5.24.0")
-
 # Keywords HF's forward has taken for the cache, newest first.
 _CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params")
 
@@ -50,6 +47,10 @@ def installed() -> str:
 def in_range(spec: str, version: Version = TRANSFORMERS_VERSION) -> bool:
     """Whether ``version`` (default: the installed transformers) satisfies ``spec`` (``""``: any)."""
     return not spec or SpecifierSet(spec).contains(version, prereleases=True)
+
+
+# HF's beam sampling ranks the sampled continuations by score from 5.24 on (before: in the order drawn).
+BEAM_SAMPLES_SORTED = in_range(">=5.24")
 
 
 class MissingHFFeatureError(AttributeError):

@@ -2,9 +2,9 @@
 
 Phi (phi-2: partial rotary, biases), Cohere (LayerNorm without bias; logits multiplied by
 ``logit_scale``), GPT-J (through HF's attention registry from transformers 5.24; before, the HF module
-computed attention itself and ``hook_pattern`` came from the dropout after its softmax) and Falcon (fused multi-query ``query_key_value``; the HF
-module calls SDPA itself, so no pattern point; ``parallel_attn=False`` gives a sequential block with a
-second norm). These blocks have no ``ln2`` and no ``hook_resid_mid``.
+computed attention itself and ``hook_pattern`` came from the dropout after its softmax) and Falcon (fused
+multi-query ``query_key_value``; the HF module calls SDPA itself, so no pattern point; ``parallel_attn=False``
+gives a sequential block with a second norm). These blocks have no ``ln2`` and no ``hook_resid_mid``.
 """
 
 from dataclasses import replace
