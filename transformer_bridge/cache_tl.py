@@ -29,6 +29,7 @@ from .decompose import (
     Activations,
     Group,
     component_groups,
+    edit_label,
     head_outputs,
     logit_attributions,
     logit_direction,
@@ -153,7 +154,7 @@ def decompose_resid(
     mid = mlp_reads_attn(model, layer, mlp_input)
     kinds = ("attn", "mlp") if mode == "all" else (mode,)
     acts = _acts(cache, pos_slice, "decompose_resid")
-    groups = component_groups(model, acts, layer, mid, embeds=incl_embeds, kinds=kinds)
+    groups = component_groups(model, acts, layer, mid, embeds=incl_embeds, kinds=kinds, edits=True)
     if not groups:
         raise ValueError(f"Nothing to decompose: layer={layer}, mode={mode!r} and incl_embeds=False select no part.")
     return _out(cache, stack_groups(groups), _labels(groups), layer, mlp_input, apply_ln, pos_slice, return_labels)
@@ -273,10 +274,13 @@ def _acts(cache: Cache, pos_slice: Any, why: str) -> Activations:
 
 
 def _labels(groups: list[Group]) -> list[str]:
-    """TransformerLens' labels of `decompose` groups: ``embed``, ``L0H3``, ``L0N5``, ``0_attn_out``, ``0_mlp_out``."""
+    """TransformerLens' labels of `decompose` groups: ``embed``, ``L0H3``, ``L0N5``, ``0_attn_out``, ``0_mlp_out``;
+    and ``edit:blocks.10.hook_resid_post`` for what a hook added to the stream there (`edit_label`)."""
     labels: list[str] = []
     for g in groups:
-        if g.indexed:
+        if g.kind == "edit":
+            labels.append(edit_label(g.point))
+        elif g.indexed:
             letter = {"head": "H", "neuron": "N", "expert": "E"}[g.kind]
             labels += [f"L{g.layer}{letter}{i}" for i in range(g.parts.shape[0])]
         else:
@@ -501,9 +505,10 @@ def get_full_resid_decomposition(
     layer = resolve_layer(layer, model.cfg.n_layers)
     mid = mlp_reads_attn(model, layer, mlp_input)
     acts = _acts(cache, pos_slice, "get_full_resid_decomposition")
-    groups = component_groups(model, acts, layer, mid, heads=True, neurons=expand_neurons)
-    # TransformerLens' order: heads, then neurons (or MLP outputs), then embeddings, then all biases as one row.
-    order = [("head",), ("neuron", "mlp_out"), ("embed", "pos_embed")]
+    groups = component_groups(model, acts, layer, mid, heads=True, neurons=expand_neurons, edits=True)
+    # TransformerLens' order: heads, then neurons (or MLP outputs), then embeddings, then all biases as one row;
+    # edits by hooks (steering), when the cached forward had any, after the embeddings.
+    order = [("head",), ("neuron", "mlp_out"), ("embed", "pos_embed"), ("edit",)]
     picked = [g for kinds in order for g in groups if g.kind in kinds]
     bias = picked[-1].parts.new_zeros(picked[-1].parts.shape)
     for g in groups:

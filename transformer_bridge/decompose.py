@@ -34,7 +34,7 @@ from .sites import get_module
 Sublayer = Literal["attn", "mlp"]
 Kind = Literal[
     "embed", "pos_embed", "head", "attn_out", "attn_bias", "neuron", "mlp_out", "mlp_bias", "expert", "mlp_rest",
-    "mixer_out"
+    "mixer_out", "edit"
 ]  # fmt: skip
 
 
@@ -56,11 +56,13 @@ class Activations:
 
 @dataclass(frozen=True)
 class Component:
-    """One part of the residual stream: its kind, the layer it comes from and its head or neuron index."""
+    """One part of the residual stream: its kind, the layer it comes from and its head or neuron index; for an
+    ``edit`` (what hooks added to the stream), the residual point where it was found (None: not located)."""
 
     kind: Kind
     layer: int | None = None
     index: int | None = None
+    point: str | None = None
 
     @property
     def is_bias(self) -> bool:
@@ -203,11 +205,12 @@ class Group:
     kind: Kind
     layer: int | None = None
     indexed: bool = False
+    point: str | None = None
 
     @property
     def components(self) -> list[Component]:
         if not self.indexed:
-            return [Component(self.kind, self.layer)]
+            return [Component(self.kind, self.layer, point=self.point)]
         return [Component(self.kind, self.layer, i) for i in range(self.parts.shape[0])]
 
 
@@ -221,6 +224,7 @@ def component_groups(
     embeds: bool = True,
     kinds: tuple[Sublayer, ...] = ("attn", "mlp"),
     experts: bool = False,
+    edits: bool = False,
 ) -> list[Group]:
     """The parts of the residual stream that ``layer`` reads (its MLP's input if ``mlp_input``), in stream order.
 
@@ -235,9 +239,17 @@ def component_groups(
     groups (a layer's heads are one tensor), so a caller stacks them with one copy (`stack_groups`). A
     state-space (Mamba) block has one part, ``hook_mixer_out`` (kind ``mixer_out``), whatever the options.
 
+    ``edits`` (with every kind and the embeddings): a hook that edited the residual stream during the cached
+    forward (steering, an ablation of ``hook_resid_*``) added something that no block output holds. Each such
+    edit becomes a part of kind ``edit``, found between consecutive cached residual points (``point``: the
+    point where it shows, e.g. ``blocks.10.hook_resid_post``) when it exceeds float rounding
+    (`edit_tolerance`); what remains between the parts and the cached residual that ``layer`` reads (an edit
+    between points that are not cached) is one more ``edit`` part with ``point`` None. Without edits nothing
+    is added, so the parts sum to the residual in every case.
+
     Example:
-        >>> groups = component_groups(model, acts, model.cfg.n_layers, heads=True)
-        >>> stack_groups(groups).sum(0)   # == the final residual stream
+        >>> groups = component_groups(model, acts, model.cfg.n_layers, heads=True, edits=True)
+        >>> stack_groups(groups).sum(0)   # == the final residual stream, steering vectors included
     """
     found: list[Group] = []
     if embeds:
@@ -247,15 +259,79 @@ def component_groups(
             found += [_one(resid0 - pos, "embed"), _one(pos, "pos_embed")]  # the embedding as it enters
         else:
             found.append(_one(resid0, "embed"))
+    edits = edits and embeds and set(kinds) == {"attn", "mlp"}
+    tol = edit_tolerance(model)
     for i in range(layer + mlp_input):
+        if edits and i > 0:
+            found += _edit(acts, f"blocks.{i - 1}.hook_resid_post", f"blocks.{i}.hook_resid_pre", [], i, tol)
         if model.adapter.ssm is not None:  # a state-space block adds one part: its mixer's output (any `kinds`)
-            found += [_one(acts.get(f"blocks.{i}.hook_mixer_out"), "mixer_out", i)] if i < layer else []
+            mixer = [_one(acts.get(f"blocks.{i}.hook_mixer_out"), "mixer_out", i)] if i < layer else []
+            found += mixer
+            if edits and mixer:
+                found += _edit(acts, f"blocks.{i}.hook_resid_pre", f"blocks.{i}.hook_resid_post", mixer, i, tol)
             continue
-        if "attn" in kinds:
-            found += _attn_groups(model, acts, i, heads)
-        if "mlp" in kinds and i < layer:
-            found += _mlp_groups(model, acts, i, neurons, experts)
-    return found
+        attn = _attn_groups(model, acts, i, heads) if "attn" in kinds else []
+        mlp = _mlp_groups(model, acts, i, neurons, experts) if "mlp" in kinds and i < layer else []
+        if edits and not model.cfg.parallel_attn_mlp:
+            attn += _edit(acts, f"blocks.{i}.hook_resid_pre", f"blocks.{i}.hook_resid_mid", attn, i, tol)
+            if mlp:
+                mlp += _edit(acts, f"blocks.{i}.hook_resid_mid", f"blocks.{i}.hook_resid_post", mlp, i, tol)
+        elif edits and mlp:
+            mlp += _edit(acts, f"blocks.{i}.hook_resid_pre", f"blocks.{i}.hook_resid_post", attn + mlp, i, tol)
+        found += attn + mlp
+    if edits and layer < model.cfg.n_layers and not mlp_input and layer > 0:
+        found += _edit(acts, f"blocks.{layer - 1}.hook_resid_post", f"blocks.{layer}.hook_resid_pre", [], layer, tol)
+    return found + (_remainder(model, acts, layer, mlp_input, found, tol) if edits else [])
+
+
+def edit_label(point: str | None) -> str:
+    """The label of an ``edit`` part: ``edit:blocks.10.hook_resid_post``, or ``edit:unlocated`` (between points
+    that were not cached)."""
+    return f"edit:{point or 'unlocated'}"
+
+
+def edit_tolerance(model: Any) -> float:
+    """The relative size (of the residual stream, row by row) below which a difference between cached residual
+    points and the parts between them is float rounding, not an edit: 1e-4 in float32, more in half precision."""
+    dtype = model.cfg.dtype if model.cfg.dtype.is_floating_point else torch.float32
+    return max(1e-4, 32 * torch.finfo(dtype).eps)
+
+
+def _edit(acts: Activations, before: str, after: str, parts: list[Group], layer: int, tol: float) -> list[Group]:
+    """``[after − before − Σ parts]`` as an ``edit`` part at ``after`` when it is larger than rounding, else ``[]``
+    (also when either point is not cached)."""
+    if not (acts.has(before) and acts.has(after)):
+        return []
+    start, end = acts.get(before), acts.get(after)
+    gap = end.float() - start.float()
+    for g in parts:
+        gap = gap - g.parts.float().sum(0)
+    if not _significant(gap, [start, end], tol):
+        return []
+    return [Group(gap.to(end.dtype)[None], "edit", layer, point=after)]
+
+
+def _remainder(
+    model: Any, acts: Activations, layer: int, mlp_input: bool, found: list[Group], tol: float
+) -> list[Group]:
+    """The residual that ``layer`` reads minus every part, as an unlocated ``edit`` when it is larger than rounding."""
+    n = model.cfg.n_layers
+    where = "mid" if mlp_input else "pre"
+    name = f"blocks.{n - 1}.hook_resid_post" if layer == n else f"blocks.{layer}.hook_resid_{where}"
+    if not acts.has(name) or not found:
+        return []
+    resid = acts.get(name)
+    gap = resid.float() - sum(g.parts.float().sum(0) for g in found)
+    if not _significant(gap, [resid], tol):
+        return []
+    return [Group(gap.to(resid.dtype)[None], "edit", None, point=None)]
+
+
+def _significant(gap: Tensor, streams: list[Tensor], tol: float) -> bool:
+    """Whether any row of ``gap`` is larger than ``tol`` times the largest of ``streams`` in that row (plus a
+    floor for rows near zero)."""
+    scale = torch.stack([s.float().norm(dim=-1) for s in streams]).amax(0)
+    return bool((gap.norm(dim=-1) > tol * scale + 1e-6).any())
 
 
 def stack_groups(groups: list[Group]) -> Float[Tensor, "component ... d_model"]:

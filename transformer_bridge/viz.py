@@ -39,6 +39,11 @@ _LABEL_FORMS = [
     (r"pos_embed", "pos_embed = position embedding"),
     (r"bias:ln_final", "bias:ln_final = final norm's bias, read out by the unembedding"),
     (r"bias:unembed", "bias:unembed = unembedding bias"),
+    (
+        r"edit:(blocks\.\d+\.hook_\w+|ln_final\.hook_normalized)",
+        "{0} = what hooks added at {1} during the cached forward (an edit, e.g. steering), in no block's output",
+    ),
+    (r"edit:unlocated", "edit:unlocated = what hooks added to the residual stream between points the cache lacks"),
     (r"blocks\.(\d+)\.hook_resid_pre", "{0} = residual stream entering layer {1}"),
     (r"blocks\.(\d+)\.hook_resid_mid", "{0} = residual stream between layer {1}'s attention and MLP"),
     (r"blocks\.(\d+)\.hook_resid_post", "{0} = residual stream after layer {1}"),
@@ -127,6 +132,25 @@ def _header_words(rel: Relevance) -> str:
     if rel.method in ("attention", "random"):
         return f"{_score_words(rel)}s for {len(rel)} token(s)"
     return f"explains the {_target_words(rel.target)} of {len(rel)} token(s)"
+
+
+def sum_words(rel: Relevance, i: int, digits: int = 4) -> str:
+    """What the components of explained token ``i`` sum to, and whether that is the target: checked against
+    ``rel.values`` (the value the forward computed), never assumed.
+
+    Example:
+        >>> sum_words(rel, 0)   # 'all 301 sum to 13.2, the logit'
+    """
+    n = len(rel.labels or [])
+    total = float(rel.scores[i].float().sum())
+    target = _target_words(rel.target)
+    if rel.values is None:
+        why = "the cache lacks the final residual stream" if rel.extras.get("checked") is False else "no value given"
+        return f"all {n} sum to {total:.{digits}g} (not checked against the {target}: {why})"
+    value = float(rel.values[i])
+    if abs(total - value) <= 1e-4 * max(1.0, abs(value)):
+        return f"all {n} sum to {total:.{digits}g}, the {target}"
+    return f"all {n} sum to {total:.{digits}g}, but the {target} is {value:.{digits}g}: no component holds the gap"
 
 
 def _shown(rel: Relevance, limit: int) -> list[int]:
@@ -245,7 +269,7 @@ def _html_bars(rel: Relevance, max_tokens: int | None, top: int = 12) -> str:
             order = sorted(scores.abs().argsort(descending=True)[:top].tolist())
         else:
             order = scores.abs().argsort(descending=True)[:top].tolist()
-            total = f" · all {len(labels)} sum to {float(scores.sum()):.4g}, the {target}"
+            total = f" · {sum_words(rel, i, 4)}"
         rows.append(([labels[j] for j in order], scores[order], total))
     parts = [_legend(lines + label_legend([label for shown, _, _ in rows for label in shown]))]
     for i, (shown, values, total) in enumerate(rows):
@@ -426,7 +450,7 @@ def _draw_components(rel: Relevance, top_k: int, max_tokens: int | None) -> "Fig
         ax.axvline(0, color="black", linewidth=0.5)
         ax.set_xlabel(what, fontsize=8)
         ax.set_ylabel("component", fontsize=8)
-        total = f"all {len(labels)} sum to {float(rel.scores[i].float().sum()):.3g}, the {_target_words(rel.target)}"
+        total = sum_words(rel, i, 3)
         ax.set_title(f"{_row_label(rel, i)}: top {len(order)} of {len(labels)} by |contribution| ({total})", fontsize=9)
     return fig
 

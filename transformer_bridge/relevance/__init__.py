@@ -79,11 +79,14 @@ def relevance(
     **method_kwargs: Any,
 ) -> Relevance:
     """Explain generated tokens from a `RelevanceRun`, a ``(output, cache)`` pair from
-    ``generate(..., return_cache=True)``, or a generation cache plus its ``tokens``.
+    ``generate(..., return_cache=True)`` (token ids, a `GenerationOutput`, or text: the ids are then read
+    from the cache, see `cache_tokens`), or a generation cache plus its ``tokens``.
 
     Example:
         >>> out, cache = model.generate(tokens, max_new_tokens=8, return_cache=True)
         >>> rel = model.relevance((out, cache), method="dla", token_indices=[0])
+        >>> text, cache = model.generate("The capital of France is", max_new_tokens=8, return_cache=True)
+        >>> rel = model.relevance((text, cache), method="dla", token_indices=[0])
     """
     run = _relevance_run(model, cache_or_run, tokens)
     return run.relevance_pass(token_indices, method=method, target=target, **method_kwargs)
@@ -96,6 +99,8 @@ def _relevance_run(model: BridgeCore, cache_or_run: Any, tokens: Tensor | None) 
         return cache_or_run
     if isinstance(cache_or_run, tuple) and len(cache_or_run) == 2 and isinstance(cache_or_run[1], ActivationCache):
         output, cache = cache_or_run
+        if tokens is None and _is_text(output):  # generate(text, return_cache=True): the ids are not in the text
+            return _run_from_generation(model, cache_tokens(model, cache), cache)
         if tokens is None:
             return _run_from_generation(model, output, cache)
         cache_or_run = cache
@@ -136,6 +141,62 @@ def _run_from_generation(
     return RelevanceRun(model, sequences, mask, int(width), cache=cache, output=output)
 
 
+def _is_text(output: object) -> bool:
+    return isinstance(output, str) or (isinstance(output, list) and bool(output) and isinstance(output[0], str))
+
+
+def cache_tokens(model: BridgeCore, cache: ActivationCache) -> Int[Tensor, "batch pos"]:
+    """The token ids of the sequences a generation cache holds, for ``generate(text, return_cache=True)``, whose
+    output is text (decoded without special tokens, so re-tokenizing it need not give the generated ids).
+
+    A cache that carries its ids (``cache.tokens``) gives them. Otherwise they are read from the cached token
+    embedding (``hook_embed``, or ``blocks.0.hook_resid_pre`` in families without a position embedding): each
+    real position's vector is matched to the embedding matrix row it is a multiple of (Gemma scales it by √d),
+    and the match is checked; an ambiguous or inexact match raises instead of guessing. Padding positions get
+    the pad id.
+
+    Example:
+        >>> text, cache = model.generate("The capital of France is", max_new_tokens=4, return_cache=True,
+        ...                              names_filter=relevance_hooks(model, "dla"))
+        >>> tokens = cache_tokens(model, cache)   # what model.relevance((text, cache)) explains
+    """
+    given = getattr(cache, "tokens", None)
+    if isinstance(given, Tensor):
+        return given
+    how = (
+        "Generate with `return_dict=True` (its output holds the ids: `model.relevance((output, cache))`), or pass "
+        "`tokens=` with the cache."
+    )
+    name = "hook_embed" if "hook_embed" in cache else None
+    if name is None and "hook_pos_embed" not in model.hook_dict and "blocks.0.hook_resid_pre" in cache:
+        name = "blocks.0.hook_resid_pre"
+    if name is None:
+        raise ValueError(f"The generation output is text and the cache holds no token embedding (`hook_embed`) to "
+                         f"read the token ids from. {how}")  # fmt: skip
+    embedded = cache[name].detach().float()
+    table = model.hf_model.get_input_embeddings().weight.detach().float().to(embedded.device)
+    flat = embedded.reshape(-1, embedded.shape[-1])
+    similarity = torch.nn.functional.normalize(flat, dim=-1) @ torch.nn.functional.normalize(table, dim=-1).T
+    best = similarity.topk(2, dim=-1)
+    ids = best.indices[:, 0]
+    rows = table[ids]
+    factor = (flat * rows).sum(-1, keepdim=True) / (rows * rows).sum(-1, keepdim=True).clamp_min(1e-30)
+    exact = (flat - factor * rows).norm(dim=-1) <= 1e-4 * flat.norm(dim=-1) + 1e-6
+    unique = best.values[:, 1] < 1 - 1e-6
+    mask = cache.attention_mask
+    real = (torch.ones(embedded.shape[:-1], dtype=torch.bool) if mask is None else mask.bool()).reshape(-1).cpu()
+    bad = real & ~(exact & unique).cpu()
+    if bool(bad.any()):
+        where = int(bad.nonzero()[0])
+        raise ValueError(
+            f"The generation output is text, and the token id at flat position {where} could not be read exactly from "
+            f"the cached `{name}` (no embedding row matches it, or several do). {how}"
+        )
+    pad = model.tokenizer.pad_token_id if model.tokenizer is not None else None
+    ids = torch.where(real.to(ids.device), ids, torch.full_like(ids, pad if pad is not None else 0))
+    return ids.reshape(embedded.shape[:-1]).long()
+
+
 def prompt_width(cache: ActivationCache, tokens: Int[Tensor, "batch pos"]) -> int:
     """The column where generation starts, from the cache's ``prompt_lengths`` and left-padded mask."""
     lengths = cache.prompt_lengths
@@ -166,6 +227,7 @@ __all__ = [
     "StepRelevance",
     "Target",
     "attribution_patching",
+    "cache_tokens",
     "explain",
     "explained_from_positions",
     "forward_pass",

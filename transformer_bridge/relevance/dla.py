@@ -14,7 +14,16 @@ GLM-4) each head's output and bias pass through the post-attention norm at its c
 also holds each expert's output (``blocks.L.mlp.hook_expert_result``, e.g. ``names_filter=None``) it is
 split into ``L0E0`` … (one per expert; 0 where the token was not routed there) and ``L0.mlp_rest`` (a
 shared expert). A state-space (Mamba) block is one component, its mixer's output ``hook_mixer_out``
-(``L0.mixer``). Reads `dla_hooks` (+ `expert_hooks` when cached). Cost: no forward, a few small matmuls.
+(``L0.mixer``).
+
+Under hooks that edit the forward (a steering vector added at ``blocks.10.hook_resid_post``, an ablation of a
+residual point), the edit is in no block's output. `dla` then lists it as its own component,
+``edit:blocks.10.hook_resid_post`` (found between consecutive cached residual points; ``edit:unlocated`` when
+those points are not cached), so the components still sum to the logit of the forward that was cached, and
+``values`` is that logit, read from the cached final residual stream: the sum is checked, not assumed.
+Edits inside a block (``hook_z``, ``hook_pattern``, ``hook_mlp_out`` …) are already in the outputs the components
+read. Reads `dla_required` (+ `resid_points` and `expert_hooks` when cached; `dla_hooks` lists them all).
+Cost: no forward, a few small matmuls.
 """
 
 import torch
@@ -25,6 +34,7 @@ from ..decompose import (
     Activations,
     Component,
     components,
+    edit_label,
     expert_result_name,
     has_experts,
     logit_attributions,
@@ -38,7 +48,15 @@ from .result import MethodOutput
 
 
 def dla_hooks(model: BridgeCore) -> list[str]:
-    """The hook points `dla` needs from the cache."""
+    """The hook points `dla` reads from the cache: the components (`dla_required`), then the residual points that
+    let it check the components against the forward and place a hook's edit of the stream (`resid_points`)."""
+    required = dla_required(model)
+    return [*required, *(n for n in resid_points(model) if n not in required)]
+
+
+def dla_required(model: BridgeCore) -> list[str]:
+    """The hook points without which `dla` cannot run: the embedding, each head (or mixer) and MLP output, the
+    sandwich norms' scales and the final norm's scale."""
     names = ["blocks.0.hook_resid_pre"]
     if "hook_pos_embed" in model.hook_dict:
         names.append("hook_pos_embed")
@@ -50,6 +68,16 @@ def dla_hooks(model: BridgeCore) -> list[str]:
         if model.adapter.sandwich:
             names.append(post_norm_scale_name(layer, "attn"))
     return [*names, "ln_final.hook_scale"]
+
+
+def resid_points(model: BridgeCore) -> list[str]:
+    """Every residual-stream point (``hook_resid_pre`` / ``mid`` / ``post`` of each block), the final norm's output
+    and ``hook_embed`` (which names the tokens of a cache that came without them), where the model has them."""
+    names = ["hook_embed"]
+    for layer in range(model.cfg.n_layers):
+        names += [f"blocks.{layer}.hook_resid_{where}" for where in ("pre", "mid", "post")]
+    names.append("ln_final.hook_normalized")
+    return [n for n in names if n in model.hook_dict]
 
 
 def expert_hooks(model: BridgeCore) -> list[str]:
@@ -66,20 +94,27 @@ def expert_hooks(model: BridgeCore) -> list[str]:
 def dla(request: Request) -> MethodOutput:
     """Per-component contributions to each explained token's logit (or logit difference).
 
+    When hooks edited the residual stream during the cached forward (steering, ablation), each edit is its
+    own component (``edit:blocks.10.hook_resid_post``), so the components still sum to the logit that forward
+    computed. ``values`` is that logit, read from the cached final residual stream (and the final norm's
+    output, when cached); ``conservation_error`` is ``|Σ components − logit| / |logit|``. A cache without the
+    final residual stream cannot be checked: ``values`` is then None and ``extras["checked"]`` False.
+
     Example:
         >>> out = dla(Request(model, tokens, mask, explained, Target("logit"), cache))
-        >>> out.scores.sum(-1)   # == the logits, up to rounding
+        >>> out.scores.sum(-1)   # == out.values, the logits, up to rounding
     """
-    model, explained, target = request.model, request.explained, request.target
+    model, explained, target, cache = request.model, request.explained, request.target, request.cache
     if not target.is_linear_in_logits:
         raise ValueError(
             f"Method 'dla' attributes a linear read-out of the residual stream; `target`={str(target)!r} is not "
             "one. Use target='logit' or ('logit_diff', contrast_token)."
         )
-    cached = require(request.cache, dla_hooks(model), "dla")
+    cached = require(cache, dla_required(model), "dla")
     split = expert_hooks(model)
-    experts = bool(split) and all(name in request.cache for name in split)  # `require` found the cache
-    cached.update({name: request.cache[name] for name in split} if experts else {})
+    experts = bool(split) and all(name in cache for name in split)  # `require` found the cache
+    names = (split if experts else []) + [n for n in resid_points(model) if n in cache]
+    cached.update({name: cache[name] for name in names})
     rows = torch.tensor([e.batch_index for e in explained])
     cols = torch.tensor([e.logit_position for e in explained])
 
@@ -88,21 +123,45 @@ def dla(request: Request) -> MethodOutput:
         return t[rows.to(t.device), cols.to(t.device)].float()  # [explained, ...]
 
     acts = Activations(at, cached.__contains__)
-    parts, comps = components(model, acts, model.cfg.n_layers, heads=True, experts=experts)
+    n = model.cfg.n_layers
+    parts, comps = components(model, acts, n, heads=True, experts=experts, edits=True)
     ids = torch.tensor([e.token_id for e in explained], device=model.device)
     direction = logit_direction(model, ids, target.contrast).float()
-    scores = logit_attributions(model, parts, direction, at("ln_final.hook_scale"))
+    scale = at("ln_final.hook_scale")
+    scores = logit_attributions(model, parts, direction, scale)
     bias_rows, bias_labels = readout_biases(model, ids, target.contrast)
-    scores = torch.cat([scores, bias_rows.to(scores.device)]).T.contiguous()  # [explained, component]
     labels = [label(c) for c in comps] + bias_labels
-    return MethodOutput(scores, values=scores.sum(-1), kind="components", labels=labels)
+    scores = torch.cat([scores, bias_rows.to(scores.device)])  # [component, explained]
+    final = f"blocks.{n - 1}.hook_resid_post"
+    values = None
+    if acts.has(final):
+        values = logit_attributions(model, acts.get(final)[None], direction, scale)[0] + bias_rows.sum(0).to(scores)
+        if acts.has("ln_final.hook_normalized"):  # an edit of the final norm's output is one more component
+            normalized = (acts.get("ln_final.hook_normalized") * direction).sum(-1) + bias_rows.sum(0).to(scores)
+            scores, labels = _with_edit(scores, labels, normalized - values, "ln_final.hook_normalized", normalized)
+            values = normalized
+    scores = scores.T.contiguous()  # [explained, component]
+    error = None if values is None else (scores.sum(-1) - values).abs() / values.abs().clamp_min(1e-12)
+    extras = {"checked": values is not None}
+    return MethodOutput(scores, values=values, conservation_error=error, kind="components", labels=labels,
+                        extras=extras)  # fmt: skip
+
+
+def _with_edit(scores: Tensor, labels: list[str], gap: Tensor, point: str, total: Tensor) -> tuple[Tensor, list[str]]:
+    """``scores`` (``[component, explained]``) with ``gap`` as the component ``edit:<point>`` when it is larger than
+    rounding (relative to ``total``)."""
+    if not bool((gap.abs() > 1e-5 * total.abs().clamp_min(1.0)).any()):
+        return scores, labels
+    return torch.cat([scores, gap[None]]), [*labels, edit_label(point)]
 
 
 def label(component: Component) -> str:
     """The label `dla` gives a component: ``embed``, ``pos_embed``, ``L0H3``, ``L0.attn_bias``, ``L0.mlp``,
     and for a mixture of experts split by expert ``L0E5`` (expert 5) and ``L0.mlp_rest`` (a shared expert);
-    ``L0.mixer`` for a state-space block."""
+    ``L0.mixer`` for a state-space block; ``edit:blocks.10.hook_resid_post`` for what a hook added to the stream."""
     kind, layer = component.kind, component.layer
+    if kind == "edit":
+        return edit_label(component.point)
     if kind in ("embed", "pos_embed"):
         return kind
     if kind == "mixer_out":

@@ -1,5 +1,6 @@
 """Result objects: `Relevance` (one explanation pass) and `StepRelevance` (one explained token)."""
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,7 @@ from torch import Tensor
 from .. import viz
 from .targets import ExplainedToken
 
+logger = logging.getLogger(__name__)
 Kind = Literal["tokens", "components", "layers", "hooks"]
 TopBy = Literal["value", "abs"]
 TOP_BY: tuple[str, ...] = ("value", "abs")
@@ -170,7 +172,8 @@ class Relevance(Sequence[StepRelevance]):
     def show(self, max_tokens: int | None = None, path: str | Path | None = None) -> "HTMLView | Path": ...
     def show(self, max_tokens: int | None = None, path: str | Path | None = None) -> "HTMLView | Path":
         """The HTML picture: in a notebook, an `HTMLView` that displays inline; elsewhere (scripts,
-        terminals) it is written to an ``.html`` file and that file's `Path` is returned.
+        terminals) it is written to an ``.html`` file, its path is printed (and logged at INFO by
+        ``transformer_bridge.relevance.result``) and that `Path` is returned.
 
         ``path`` writes the file there (in notebooks too); by default a new file in the temporary
         folder. ``max_tokens`` keeps the last that many source tokens of each row.
@@ -182,7 +185,11 @@ class Relevance(Sequence[StepRelevance]):
         view = HTMLView(viz.relevance_html(self, max_tokens=max_tokens))
         if path is None and viz.in_notebook():
             return view
-        return view.save(viz.default_html_path(self) if path is None else path)
+        written = view.save(viz.default_html_path(self) if path is None else path)
+        if not viz.in_notebook():  # a script or terminal shows nothing, so say where the picture is
+            print(f"Relevance picture written to {written} (open it in a browser)")
+        logger.info("relevance picture written to %s", written)
+        return written
 
     def _repr_html_(self) -> str:
         return viz.relevance_html(self)
