@@ -6,6 +6,10 @@ For each original implementation (``sdpa``, ``eager``) we register ``bridge_<ori
 registered function delegates to the original unless an attention-internal hook point
 (``hook_rot_q``, ``hook_rot_k``, ``hook_attn_scores``, ``hook_pattern``) of that layer is active;
 then it computes attention explicitly so those points can be read and edited.
+
+Families whose HF module calls torch's SDPA itself instead of the registry (Falcon) get the same points
+through `SdpaSite`: while one of a layer's points is hooked, a `TorchFunctionMode` entered around that
+layer's attention module routes its SDPA call through the same explicit computation.
 """
 
 from collections.abc import Callable
@@ -13,11 +17,14 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .hook_points import HookPoint
+from .torch_hook import TorchHook
 from .versions import eager_attention
 
 SUPPORTED_ORIGINALS = ("sdpa", "eager")
@@ -184,3 +191,79 @@ def _apply_mask(scores: Tensor, mask: Tensor | None, n_q: int, n_kv: int) -> Ten
     if mask.dtype == torch.bool:
         return scores.masked_fill(~mask[..., :n_kv], minimum)
     return scores + mask[..., :n_kv]
+
+
+class _RouteSdpa(TorchFunctionMode):
+    """Inside one attention module's forward: its SDPA call goes through `hooked_attention`."""
+
+    def __init__(self, module: nn.Module, groups: list[AttentionPoints]) -> None:
+        super().__init__()
+        self.module, self.groups = module, groups
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        return _sdpa_with_points(self.module, self.groups, func, *args, **kwargs)
+
+
+def _sdpa_with_points(
+    module: nn.Module,
+    groups: list[AttentionPoints],
+    sdpa: Callable,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    **kwargs: object,
+) -> Tensor:
+    if attn_mask is None and not is_causal and query.shape[2] > 1:  # every query sees every key
+        attn_mask = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
+    edited = hooked_attention(module, query, key, value, attn_mask, groups, scaling=scale, dropout=dropout_p)
+    if edited is None:  # hooks that only read leave the output to the original kernel (bitwise HF)
+        return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                    **kwargs)  # fmt: skip
+    return edited[0].transpose(1, 2)  # SDPA's layout: [b, head, q, d]
+
+
+class SdpaSite(TorchHook):
+    """A layer whose HF attention module calls torch's SDPA itself (Falcon): while one of its attention points
+    is hooked, its forward runs inside a `TorchFunctionMode` that routes that SDPA call through
+    `hooked_attention` (the mode is entered by a forward pre-hook and left by a forward hook that also runs
+    when the forward raises)."""
+
+    def __init__(self, module: nn.Module, points: AttentionPoints) -> None:
+        self.module, self.points = module, points
+        self.served: list[HookPoint] = []
+        self.handle: RemovableHandle | None = None
+        self.fired = False
+        self._modes: list[_RouteSdpa] = []
+
+    def _register(self) -> RemovableHandle:
+        enter = self.module.register_forward_pre_hook(self._enter)
+        leave = self.module.register_forward_hook(self._leave, always_call=True)
+        return _Both(enter, leave)
+
+    def _enter(self, module: nn.Module, args: tuple) -> None:
+        self.fired = True
+        mode = _RouteSdpa(module, [self.points])
+        mode.__enter__()
+        self._modes.append(mode)
+
+    def _leave(self, module: nn.Module, args: tuple, output: object) -> None:
+        if self._modes:
+            self._modes.pop().__exit__(None, None, None)
+
+
+class _Both(RemovableHandle):
+    """Two torch hook handles removed as one."""
+
+    def __init__(self, *handles: RemovableHandle) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()

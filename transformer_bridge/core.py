@@ -18,14 +18,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, DynamicCach
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from . import attention, versions
-from .adapters import Adapter, adapter_for
+from .adapters import Adapter, UnsupportedArchitectureError, adapter_for
 from .cache import ActivationCache, check_pos_slice
 from .caching import CacheWriter, next_token_loss, next_token_losses
 from .checks import ArgumentIndexError, check_device, describe, suggest_keywords
 from .config import BridgeConfig, bridge_config
 from .distributed import attach_shard_specs, full_param, input_device, tp_mesh
 from .hook_points import HookContext, HookPoint, HookRegistry, NameOrFilter
-from .inputs import PaddingSide, check_attention_mask, infer_attention_mask
+from .inputs import PaddingSide, check_attention_mask, left_padding_mask
 from .layers import StopForward, check_layer, start_at, stop_before
 from .names import NameFilter
 from .sites import arm_sites, build_sites, check_sites, disarm_sites, get_module
@@ -60,6 +60,15 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
         self.hf_model = hf_model
         self.tokenizer = tokenizer
         self.adapter: Adapter = adapter_for(hf_model.config.model_type)
+        try:
+            self._wrap(hf_model, tokenizer)
+        except AttributeError as e:  # a module path, attribute or keyword this transformers release lacks
+            raise UnsupportedArchitectureError(
+                f"Cannot wrap {type(hf_model).__name__} (config.model_type={hf_model.config.model_type!r}): the "
+                f"bridge's adapter for it expects something this model lacks ({e}). Installed: {versions.installed()}."
+            ) from e
+
+    def _wrap(self, hf_model: PreTrainedModel, tokenizer: Any) -> None:
         self.cfg: BridgeConfig = bridge_config(hf_model, self.adapter, tokenizer)
         # Only checks that the implementation is one the bridge can route; the HF model's config is
         # switched to the bridge's implementation during the bridge's own calls only (`run_model`).
@@ -208,23 +217,27 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
         attention_mask: Tensor | None = None,
         prepend_bos: bool | None = None,
         left_padded: bool = False,
-        padding_side: PaddingSide = "left",
+        padding_side: PaddingSide | None = None,
     ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
         """Normalise any accepted input to ``(tokens [batch, pos], attention_mask [batch, pos])``.
 
-        Text is tokenized and left-padded. Token ids may come with a mask (``attention_mask=`` or a
-        ``(tokens, mask)`` pair); a given mask must be 0/1 (bool, integer, or float 0.0/1.0) with at
-        least one real token per row, and ``left_padded=True`` (generation) also requires each row's
-        padding to come first. Without a mask, leading pad tokens are taken as left padding
-        (TransformerLens' rule; HF's warning is shown).
+        Text is tokenized and padded (left, or ``padding_side``). Token ids may come with a mask
+        (``attention_mask=`` or a ``(tokens, mask)`` pair); a given mask must be 0/1 (bool, integer, or float
+        0.0/1.0) with at least one real token per row, and ``left_padded=True`` (generation) also requires
+        each row's padding to come first. Without a mask every token is real, whatever its id, exactly as
+        HF's forward reads ids; only when the caller says the ids are left-padded (``padding_side="left"``,
+        or ``cfg.default_padding_side = "left"``, TransformerLens' switch) are leading pad tokens padding
+        (`inputs.left_padding_mask`).
 
         Example:
             >>> tokens, mask = model.prepare_input(["Hi", "Hello there"])
         """
+        if padding_side not in (None, "left", "right"):
+            raise ValueError(f"`padding_side` must be None, 'left' or 'right', got {describe(padding_side)}.")
         if isinstance(input, str) or (isinstance(input, (list, tuple)) and input and isinstance(input[0], str)):
             if attention_mask is not None:
                 raise ValueError("`attention_mask` is only accepted with token inputs; text is padded for you.")
-            return self.to_tokens_and_mask(input, prepend_bos=prepend_bos, padding_side=padding_side)
+            return self.to_tokens_and_mask(input, prepend_bos=prepend_bos, padding_side=padding_side or "left")
         if isinstance(input, tuple) and len(input) == 2 and all(isinstance(t, Tensor) for t in input):
             if attention_mask is not None:
                 raise ValueError("Give the mask once: a `(tokens, mask)` pair or `attention_mask=`, not both.")
@@ -246,13 +259,13 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
         if low < 0 or high >= self.cfg.d_vocab:
             bad = low if low < 0 else high
             raise ValueError(f"`input` contains token id {bad}, outside the vocabulary [0, {self.cfg.d_vocab - 1}].")
-        if attention_mask is None:
-            pad = self._known_pad_id()
-            attention_mask = infer_attention_mask(tokens, pad, self.cfg.bos_token_id, self.cfg.default_prepend_bos)
-        if attention_mask is None:
-            attention_mask = torch.ones_like(tokens)
-        else:
+        if attention_mask is not None:
             attention_mask = check_attention_mask(attention_mask, tokens.shape, left_padded)
+        elif (padding_side or self.cfg.default_padding_side) == "left":  # the caller says: left-padded ids
+            bos = self.cfg.default_prepend_bos if prepend_bos is None else prepend_bos
+            attention_mask = left_padding_mask(tokens, self._known_pad_id(), self.cfg.bos_token_id, bos)
+        else:
+            attention_mask = torch.ones_like(tokens)
         n_ctx = self.cfg.n_ctx
         if n_ctx is not None and tokens.shape[1] > n_ctx:
             raise ValueError(f"`input` has {tokens.shape[1]} tokens; the model's context limit is {n_ctx}.")
@@ -481,7 +494,7 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
                 input = torch.zeros(residual.shape[:2], dtype=torch.long, device=residual.device)
         if input is None:
             raise TypeError("forward() needs `input` (text or token ids) or `input_ids`.")
-        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side or "left")
+        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side)
         ctx = None
         if position_ids is not None:
             if (
@@ -576,7 +589,7 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
             >>> residual, tokens, _, mask = model.input_to_embed("Hello")
             >>> logits = model(residual, start_at_layer=0, tokens=tokens)
         """
-        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side or "left")
+        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side)
         residual = self.forward_tokens(tokens, mask, stop_at_layer=0)
         return residual, tokens, None, mask
 

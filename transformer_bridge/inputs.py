@@ -1,12 +1,13 @@
-"""Token inputs: tokenizing text into padded batches, validating attention masks, inferring them.
+"""Token inputs: tokenizing text into padded batches, validating attention masks, masks from token values.
 
 Text the bridge pads itself is left-padded (each row's last token is in the last column, which
-generation needs); `to_tokens` pads on the side asked for (TransformerLens' default: right). Token
-ids given without a mask get one inferred from leading pad tokens, TransformerLens' rule, with the
-warning HF gives for padded ids without a mask.
+generation needs); `to_tokens` pads on the side asked for (TransformerLens' default: right). Token ids
+given without a mask mean what they mean to HF's forward: every token is real, whatever its id (rows led
+by BOS, EOS or pad ids are ordinary data in packed and SAE datasets). A mask is read off token values only
+on request: `left_padding_mask` when the user says the ids are left-padded (TransformerLens'
+``padding_side="left"``), `hf_generate_mask` for `generate`, which follows HF's ``generate``.
 """
 
-import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -56,34 +57,43 @@ def tokenize(
     return tokens, mask
 
 
-def infer_attention_mask(
+def left_padding_mask(
     tokens: Int[Tensor, "batch pos"], pad_token_id: int | None, bos_token_id: int | None, prepend_bos: bool
-) -> Int[Tensor, "batch pos"] | None:
-    """The mask TransformerLens infers for left-padded ids: leading pad tokens are padding, except the
-    last of them when BOS is the pad token and rows start with BOS (a row of nothing but pad ids stays
-    real). None when no row starts with a pad (so unpadded input keeps HF's own code path); warns as
-    HF does for padded ids without a mask.
+) -> Int[Tensor, "batch pos"]:
+    """The mask of ids the caller says are left-padded (TransformerLens' ``get_attention_mask`` for
+    ``padding_side="left"``): leading pad tokens are padding, except the last of them when the pad token is
+    BOS and rows start with BOS. A row of nothing but pad ids keeps its last token.
+
+    Example:
+        >>> left_padding_mask(torch.tensor([[0, 0, 5, 6]]), 0, 1, True)
+        tensor([[0, 0, 1, 1]])
     """
+    mask = torch.ones_like(tokens)
     if pad_token_id is None:
-        return None
+        return mask
     leading = (tokens != pad_token_id).long().cumsum(-1) == 0
-    leading &= ~leading.all(-1, keepdim=True)  # a row of nothing but pad ids is taken as real tokens
-    if not bool(leading[:, 0].any()):
-        return None
-    mask = (~leading).long()
+    mask[leading] = 0
+    n_leading = leading.sum(-1)
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
     if prepend_bos and bos_token_id == pad_token_id:
-        n_leading = leading.sum(-1)
-        rows = torch.arange(tokens.shape[0], device=tokens.device)
         mask[rows, (n_leading - 1).clamp_min(0)] = 1
-        if bool(mask.all()):
-            return None
-    warnings.warn(
-        "We strongly recommend passing in an `attention_mask` since your input_ids may be padded: rows "
-        f"{leading[:, 0].nonzero().flatten().tolist()[:8]} start with the pad token id {pad_token_id}, so the bridge "
-        "treats those leading tokens as left padding (TransformerLens' rule). Pass `attention_mask=` to choose.",
-        stacklevel=4,
-    )
+    mask[rows, -1] = 1  # a row of pad ids only: the last one is the row
     return mask
+
+
+def hf_generate_mask(
+    tokens: Int[Tensor, "batch pos"], pad_token_id: int | None, eos_token_ids: Sequence[int]
+) -> Int[Tensor, "batch pos"]:
+    """The mask HF's ``generate`` builds for ids given without one: ``tokens != pad`` when the pad id occurs
+    and is not an EOS id; otherwise every token is real.
+
+    Example:
+        >>> hf_generate_mask(torch.tensor([[0, 5, 6]]), 0, [2])
+        tensor([[0, 1, 1]])
+    """
+    if pad_token_id is None or pad_token_id in eos_token_ids or not bool((tokens == pad_token_id).any()):
+        return torch.ones_like(tokens)
+    return (tokens != pad_token_id).long()
 
 
 def check_attention_mask(mask: Any, shape: torch.Size, left_padded: bool = False) -> Int[Tensor, "batch pos"]:

@@ -216,21 +216,40 @@ def copied(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
     return run("", x).clone()
 
 
-def optional_module(block: nn.Module, path: str | None) -> nn.Module | None:
+def optional_module(block: nn.Module, path: str | None, may_be_absent: bool = False) -> nn.Module | None:
     """The module at ``path``, or None when the adapter names none or the block holds None there (StableLM's
-    and Falcon's ``post_attention_layernorm`` in parallel blocks)."""
+    ``post_attention_layernorm`` in parallel blocks). ``may_be_absent``: the block may also lack the attribute
+    (Falcon's parallel blocks); otherwise a missing attribute is a missing module (`MissingModuleError`)."""
     if path is None:
         return None
-    try:
-        return get_module(block, path)
-    except AttributeError:
-        return None
+    head, _, last = path.rpartition(".")
+    parent = get_module(block, head) if head else block
+    if not hasattr(parent, last):
+        if may_be_absent:
+            return None
+        get_module(block, path)  # raises, naming what is missing
+    return getattr(parent, last)
+
+
+class MissingModuleError(AttributeError):
+    """A module path an adapter names does not exist on the model (a transformers release renamed it)."""
 
 
 def get_module(root: nn.Module, path: str) -> nn.Module:
+    """The module at a dotted ``path`` under ``root`` (digits index module lists); `MissingModuleError`
+    naming the path and the missing part otherwise.
+
+    Example:
+        >>> get_module(model.hf_model, "model.layers.0.self_attn.q_proj")
+    """
     module = root
     for part in path.split("."):
-        module = module[int(part)] if part.isdigit() else getattr(module, part)
+        try:
+            module = module[int(part)] if part.isdigit() else getattr(module, part)
+        except (AttributeError, IndexError, TypeError) as e:
+            raise MissingModuleError(
+                f"{type(root).__name__} has no module `{path}`: {type(module).__name__} has no `{part}`"
+            ) from e
     return module
 
 
@@ -322,9 +341,10 @@ def build_sites(
                 add(p + f"attn.{key}.hook_scale", qk, "scale")
                 add(p + f"attn.{key}.hook_normalized", qk, "normalized")
 
-        if adapter.attn_registry:
+        if adapter.attn_registry or adapter.sdpa_call:
             attn_points = attention.AttentionPoints(None, None, HookPoint("", registry), HookPoint("", registry))
-            fn_site = AttnFnSite(m(adapter.attn), attn_points)
+            site_class = AttnFnSite if adapter.attn_registry else attention.SdpaSite
+            fn_site = site_class(m(adapter.attn), attn_points)
             if adapter.rotary:
                 add(p + "attn.hook_rot_q", fn_site)
                 add(p + "attn.hook_rot_k", fn_site)
@@ -355,7 +375,8 @@ def build_sites(
         if not parallel:
             add(p + "hook_resid_mid", attn_out_site, "mid", extra=(resid_pre,))
 
-        if (ln2_module := optional_module(block, adapter.ln2)) is not None:  # one norm feeds both (Phi, GPT-J)
+        # One norm feeds both in parallel blocks (Phi, GPT-J; Falcon's parallel blocks lack the attribute).
+        if (ln2_module := optional_module(block, adapter.ln2, may_be_absent=parallel)) is not None:
             ln2 = site(ln2_module, "post", norm(adapter.norm, ln2_module))
             add(p + "ln2.hook_scale", ln2, "scale")
             add(p + "ln2.hook_normalized", ln2, "normalized")

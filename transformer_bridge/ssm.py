@@ -13,34 +13,16 @@ the mixer (``d_inner`` = the mixer's width, ``cfg.d_mlp``; ``d_state`` = the SSM
 - ``blocks.L.hook_mixer_out [batch pos d_model]``: what the mixer adds to the residual stream.
 
 Every point is the input or output of an HF module called at prefill and at each decode step alike, so
-edits propagate into the recurrent state the same way in both.
+edits propagate into the recurrent state the same way in both. Mamba 2 and Falcon-Mamba blocks have the
+points of their mixer kind (`transformer_bridge.mixers`).
 """
 
-import itertools
-from collections.abc import Callable
-
-import torch
-from torch import Tensor, nn
+from torch import nn
 
 from .adapters import Adapter
 from .hook_points import HookPoint, HookRegistry
-from .sites import Run, Site, SiteMap, get_module, identity, norm
-
-
-def _split(keys: tuple[str, ...], widths: list[int] | None = None) -> Callable:
-    """Show slices of the last axis (``widths``, or equal parts) as the points ``keys``; edits are
-    concatenated back."""
-
-    def process(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
-        sizes = widths or [x.shape[-1] // len(keys)] * len(keys)
-        bounds = list(itertools.accumulate(sizes, initial=0))
-        parts = [x[..., a:b] for a, b in itertools.pairwise(bounds)]  # slices: see sites.fused_qkv
-        new = [run(key, part) for key, part in zip(keys, parts, strict=True)]
-        if all(a is b for a, b in zip(new, parts, strict=True)):
-            return x
-        return torch.cat(new, dim=-1)
-
-    return process
+from .mixers import mixer_sites
+from .sites import Site, SiteMap, get_module, identity, norm
 
 
 def build_ssm_sites(registry: HookRegistry, model: nn.Module, adapter: Adapter) -> SiteMap:
@@ -58,7 +40,7 @@ def build_ssm_sites(registry: HookRegistry, model: nn.Module, adapter: Adapter) 
         sites_for[name] = [site]
         site.served.append(point)
 
-    def site(module: nn.Module, kind: str, process: Callable) -> Site:
+    def site(module: nn.Module, kind: str, process) -> Site:
         return Site(module, kind, process, registry)  # type: ignore[arg-type]
 
     add("hook_embed", site(get_module(model, adapter.embed), "post", identity))
@@ -69,16 +51,11 @@ def build_ssm_sites(registry: HookRegistry, model: nn.Module, adapter: Adapter) 
         ln_site = site(ln, "post", norm(adapter.norm, ln))
         add(p + "ln1.hook_scale", ln_site, "scale")
         add(p + "ln1.hook_normalized", ln_site, "normalized")
-        mixer = get_module(block, ssm.mixer)
-        halves = site(get_module(block, ssm.in_proj), "post", _split(("in", "gate")))
-        add(p + "mixer.hook_in", halves, "in")
-        add(p + "mixer.hook_gate", halves, "gate")
-        rank, n = mixer.time_step_rank, mixer.ssm_state_size
-        selection = site(get_module(block, ssm.x_proj), "post", _split(("dt", "B", "C"), [rank, n, n]))
-        for key in ("dt", "B", "C"):
-            add(p + f"mixer.hook_{key}", selection, key)
-        add(p + "mixer.hook_y", site(get_module(block, ssm.out_proj), "pre", identity))
-        add(p + "hook_mixer_out", site(mixer, "post", identity))
+        for part in mixer_sites(block, ssm):
+            part_site = site(part.module, part.kind, part.process)
+            for key in part.keys:
+                add(p + f"mixer.hook_{key}", part_site, key)
+        add(p + "hook_mixer_out", site(get_module(block, ssm.mixer), "post", identity))
         add(p + "hook_resid_post", site(block, "post", identity))
     ln_final = get_module(model, adapter.ln_final)
     final = site(ln_final, "post", norm(adapter.norm, ln_final))

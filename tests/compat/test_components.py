@@ -207,9 +207,8 @@ def test_to_tokens_options_and_mask_inference(model):
     long = "x" * 300
     assert model.to_tokens(long).shape == (1, model.cfg.n_ctx)
     assert model.to_tokens(long, truncate=False).shape == (1, 301)
-    # Left-padded ids without a mask: leading pads are inferred as padding (with HF's warning).
-    with pytest.warns(UserWarning, match="attention_mask"):
-        padded = model(left)
+    # Left-padded ids without a mask are padding only when the caller says so (TransformerLens' padding_side).
+    padded = model(left, padding_side="left")
     torch.testing.assert_close(padded[0, -1], model("Hi")[0, -1], **TOL)
     torch.testing.assert_close(padded[1, -1], model("Hello there")[0, -1], **TOL)
     torch.testing.assert_close(padded, model(left, attention_mask=mask), atol=0, rtol=0)

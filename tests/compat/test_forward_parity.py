@@ -47,13 +47,17 @@ def test_unknown_forward_keyword_names_the_closest(model):
         model(torch.tensor([[5, 6]]), token_type_ids=torch.ones(1, 2, dtype=torch.long))
 
 
-def test_padded_ids_without_mask_get_a_mask_and_hf_s_warning(model):
+def test_ids_without_mask_are_all_real_unless_said_to_be_left_padded(model):
     tokens, mask = model.to_tokens_and_mask(TEXTS, padding_side="left")
     with torch.no_grad():
         expected = model(tokens, attention_mask=mask)
-        with pytest.warns(UserWarning, match="strongly recommend passing in an `attention_mask`"):
-            inferred = model(tokens)
-    assert torch.equal(inferred, expected)
+        assert torch.equal(model(tokens), model.hf_model(tokens).logits)  # every token real, as in HF's forward
+        assert torch.equal(model(tokens, padding_side="left"), expected)  # TransformerLens' opt-in
+        model.cfg.default_padding_side = "left"
+        try:
+            assert torch.equal(model(tokens), expected)
+        finally:
+            model.cfg.default_padding_side = "right"
 
 
 def test_token_helpers(model):

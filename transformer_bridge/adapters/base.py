@@ -9,6 +9,7 @@ from typing import Literal
 NormKind = Literal["layernorm", "rms", "rms_one_plus"]
 QKVLayout = Literal["separate", "concat", "per_head"]
 QKNormLayout = Literal["pos_head", "head_pos", "flat"]
+MixerKind = Literal["mamba", "mamba2", "short_conv"]
 Routing = Literal["softmax_topk", "topk_softmax", "sigmoid_group_topk", "topk_sigmoid"]
 
 
@@ -42,19 +43,29 @@ class MoE:
 
 @dataclass(frozen=True)
 class SSM:
-    """Where a state-space (Mamba) block keeps its mixer's projections (paths relative to one block).
+    """Where a state-space or convolution mixer keeps its projections (paths relative to one block); the
+    points each kind gets are listed in `transformer_bridge.mixers`.
 
     Attributes:
         mixer: the mixer module (its output is ``hook_mixer_out``).
-        in_proj: ``[x | gate]`` projection (``mixer.hook_in``, ``mixer.hook_gate``).
-        x_proj: the selection projection ``[dt | B | C]`` (``mixer.hook_dt``, ``hook_B``, ``hook_C``).
+        in_proj: the input projection: ``[x | gate]`` (``mamba``), ``[gate | x B C | dt]`` (``mamba2``) or
+            ``[B | C | x]`` (``short_conv``).
+        x_proj: ``mamba``: the selection projection ``[dt | B | C]`` (``mixer.hook_dt``, ``hook_B``, ``hook_C``).
         out_proj: the output projection; its input is ``mixer.hook_y``.
+        kind: ``mamba`` (Mamba 1: Mamba, Falcon-Mamba, Jamba), ``mamba2`` (Mamba 2: Mamba2, Bamba, Nemotron-H) or
+            ``short_conv`` (LFM2's gated short convolution).
+        selection_norms: ``mamba``: dt, B and C pass through RMS norms after ``x_proj`` (Jamba, Falcon-Mamba:
+            ``dt_layernorm``, ``b_layernorm``, ``c_layernorm`` next to ``x_proj``); their outputs are the points.
+        gated_norm: ``mamba2``: the gated RMS norm between the scan and ``out_proj``; its input is ``mixer.hook_scan``.
     """
 
     mixer: str = "mixer"
     in_proj: str = "mixer.in_proj"
     x_proj: str = "mixer.x_proj"
     out_proj: str = "mixer.out_proj"
+    kind: MixerKind = "mamba"
+    selection_norms: bool = False
+    gated_norm: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,8 @@ class Adapter:
         attn_registry: attention runs through HF's attention registry, so the bridge offers ``hook_rot_q``,
             ``hook_rot_k`` (rotary families), ``hook_attn_scores`` and ``hook_pattern``. False where the HF
             module computes attention itself (GPT-J, GPT-Neo, Falcon).
+        sdpa_call: without the registry, the HF attention module calls torch's SDPA itself (Falcon): the
+            attention points come from that call (`attention.SdpaSite`).
         pattern_module: without the registry, the module whose output is the attention pattern (the
             dropout after the softmax in GPT-J and GPT-Neo); it serves ``hook_pattern``.
         mlp_out_mutated: HF adds to the MLP output in place (Falcon's parallel block), so a hooked MLP
@@ -101,6 +114,10 @@ class Adapter:
             head width.
         ssm: a state-space family (`SSM`): its blocks have a mixer instead of attention and MLP, and get
             the points of `transformer_bridge.ssm` (no attention or MLP points).
+        hybrid: a hybrid family's state-space or convolution mixer (`SSM`): a block holding ``hybrid.out_proj``
+            gets the mixer points (`transformer_bridge.mixers`) instead of the attention points; a block without
+            the attention's ``o_proj`` has no attention points, one without the MLP (or experts) no MLP points
+            (Nemotron-H's blocks hold one sublayer each).
         moe: the mixture-of-experts layout (`MoE`); a block whose ``moe.experts`` module exists gets the
             MoE hook points instead of ``mlp.hook_pre`` / ``hook_pre_linear`` / ``hook_post``.
         transformers: the transformers releases this adapter describes (a PEP 440 range, ``""``: every
@@ -135,6 +152,7 @@ class Adapter:
     norm: NormKind = "rms"
     parallel_attn_mlp: str | bool | None = None
     attn_registry: bool = True
+    sdpa_call: bool = False
     pattern_module: str | None = None
     mlp_out_mutated: bool = False
     residual_multiplier: str | None = None
@@ -146,6 +164,7 @@ class Adapter:
     sandwich: bool = False
     moe: MoE | None = None
     ssm: SSM | None = None
+    hybrid: SSM | None = None
     mla: bool = False
     transformers: str = ""
 

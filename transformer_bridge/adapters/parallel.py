@@ -3,8 +3,9 @@
 Phi (phi-2: partial rotary, biases), Cohere (LayerNorm without bias; logits multiplied by
 ``logit_scale``), GPT-J (through HF's attention registry from transformers 5.24; before, the HF module
 computed attention itself and ``hook_pattern`` came from the dropout after its softmax) and Falcon (fused
-multi-query ``query_key_value``; the HF module calls SDPA itself, so no pattern point; ``parallel_attn=False``
-gives a sequential block with a second norm). These blocks have no ``ln2`` and no ``hook_resid_mid``.
+multi-query ``query_key_value``; the HF module calls SDPA itself, so the attention points come from that
+call, see `attention.SdpaSite`; ``parallel_attn=False`` gives a sequential block with a second norm).
+These blocks have no ``ln2`` and no ``hook_resid_mid``.
 """
 
 from dataclasses import replace
@@ -79,5 +80,6 @@ FALCON = Adapter(
     norm="layernorm",
     parallel_attn_mlp="parallel_attn",
     attn_registry=False,
+    sdpa_call=True,
     mlp_out_mutated=True,
 )

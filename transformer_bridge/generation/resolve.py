@@ -36,6 +36,7 @@ from transformers import GenerationConfig
 
 from ..checks import ArgumentTypeError, check_bool, check_device, check_int, describe, is_int
 from ..core import BridgeCore
+from ..inputs import hf_generate_mask
 from . import options
 from .keywords import UNSUPPORTED, is_number_or_flag
 from .options import Plan
@@ -126,7 +127,15 @@ def prepare(model: BridgeCore, a: Mapping[str, Any]) -> Request:
     _check_configs(settings)
     given = (a["input"], a["inputs"], a["input_ids"])
     tokens, mask, prompts, single = _prompt(
-        model, settings, given, a["attention_mask"], a["token_type_ids"], a["prepend_bos"], a["padding_side"]
+        model,
+        settings,
+        given,
+        a["attention_mask"],
+        a["token_type_ids"],
+        a["prepend_bos"],
+        a["padding_side"],
+        a["pad_token_id"],
+        a["eos_token_id"],
     )
     text_out = a["return_type"] == "str" or (a["return_type"] == "input" and prompts is not None)
     if text_out:
@@ -219,8 +228,14 @@ def _prompt(
     token_type_ids: Tensor | None,
     prepend_bos: bool | None,
     padding_side: str | None,
+    pad_token_id: Any,
+    eos_token_id: Any,
 ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"], list[str] | None, bool]:
-    """The left-padded prompt from whichever form it came in; the text prompts; whether it was one str."""
+    """The left-padded prompt from whichever form it came in; the text prompts; whether it was one str.
+
+    Token ids without a mask get the one HF's ``generate`` builds (`inputs.hf_generate_mask`: pad ids are
+    padding when the pad id, as HF resolves it, is not an EOS id), so the output equals HF's on the same ids.
+    """
     if padding_side not in (None, "left", "right"):
         raise ValueError(f"`padding_side` must be None, 'left' or 'right', got {describe(padding_side)}.")
     named = [(n, v) for n, v in zip(("input", "inputs", "input_ids"), given, strict=True) if v is not None]
@@ -236,6 +251,8 @@ def _prompt(
     text = isinstance(source, str) or (
         isinstance(source, (list, tuple)) and bool(source) and isinstance(source[0], str)
     )
+    if not text and attention_mask is None and isinstance(source, Tensor):  # HF generate's rule for bare ids
+        attention_mask = hf_generate_mask(source, *_hf_pad_and_eos(settings, pad_token_id, eos_token_id))
     tokens, mask = model.prepare_input(source, attention_mask, prepend_bos)
     if token_type_ids is not None:
         _check_token_type_ids(token_type_ids, tokens.shape)
@@ -243,6 +260,16 @@ def _prompt(
         tokens, mask = left_aligned(model, tokens, mask)
     prompts = None if not text else [source] if isinstance(source, str) else list(source)
     return tokens, mask, prompts, isinstance(source, str)
+
+
+def _hf_pad_and_eos(settings: Settings, pad_token_id: Any, eos_token_id: Any) -> tuple[int | None, list[int]]:
+    """The pad and EOS ids HF's ``generate`` decides padding with: the keyword, else the generation configs
+    (the caller's, then the model's); a pad id defaults to the first EOS id (and so infers nothing)."""
+    eos = settings("eos_token_id", eos_token_id)
+    eos_ids = eos.tolist() if isinstance(eos, Tensor) else [eos] if is_int(eos) else list(eos or [])
+    pad = settings("pad_token_id", pad_token_id)
+    pad = pad.item() if isinstance(pad, Tensor) else pad
+    return (pad if is_int(pad) else None), [int(e) for e in eos_ids if is_int(e)]
 
 
 def _unpack(
