@@ -282,6 +282,7 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
         position_ids: Int[Tensor, "batch pos"] | None = None,
         logits_to_keep: int = 0,
         checked: bool = True,
+        use_cache: bool | None = None,
         **hf_kwargs: Any,
     ) -> Any:
         """One HF forward with ``ctx`` visible to hooks. The building block of forward and generate.
@@ -290,6 +291,10 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
         so HF takes its own fastest path (and its default positions). ``logits_to_keep=1``
         unembeds only the last position, as HF's generate does (0 keeps all). ``checked=False``: the
         caller checks that every hooked site ran (`sites_checked`, around a compiled call of this).
+        ``use_cache``: without ``past_key_values``, None leaves it to HF's default exactly as
+        ``hf_model(ids)`` does (its config's ``use_cache``: HF then builds a cache it does not return, and
+        some kernels see the keys as that cache holds them, so passing False would change the last bits of
+        GPT-Neo's logits for some shapes); False is HF generate's ``use_cache=False`` forward.
         """
         if self.adapter.ssm is not None and attention_mask is not None:
             attention_mask = attention_mask[:, -tokens.shape[1] :]  # Mamba masks only its input positions
@@ -309,8 +314,7 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
                     input_ids=tokens,
                     attention_mask=attention_mask,
                     position_ids=position_ids,
-                    **{self._cache_keyword: past_key_values},
-                    use_cache=past_key_values is not None,
+                    **self._cache_kwargs(past_key_values, use_cache),
                     logits_to_keep=logits_to_keep,
                     **hf_kwargs,
                 )
@@ -323,6 +327,11 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
             if armed:
                 disarm_sites(armed)
         return out
+
+    def _cache_kwargs(self, past_key_values: Any, use_cache: bool | None) -> dict[str, Any]:
+        if past_key_values is not None:
+            return {self._cache_keyword: past_key_values, "use_cache": True}
+        return {} if use_cache is None else {"use_cache": use_cache}
 
     @contextlib.contextmanager
     def sites_checked(self) -> Iterator[None]:

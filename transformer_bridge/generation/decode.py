@@ -245,7 +245,8 @@ def _last_logits(
     Unembedding only the last position saves a ``[batch, prompt, d_vocab]`` matmul at the prefill
     (~4% of a 64-token batch-4 SmolLM2 run) and makes the logits bitwise HF's.
     """
-    out = model.run_model(tokens, mask, ctx, past_key_values=cache, position_ids=positions, logits_to_keep=1)
+    out = model.run_model(tokens, mask, ctx, past_key_values=cache, position_ids=positions, logits_to_keep=1,
+                          use_cache=cache is not None)  # fmt: skip
     return out.logits[:, -1]
 
 
