@@ -56,12 +56,51 @@ def _assert_same_on_real_queries(ours: list[torch.Tensor], theirs: tuple[torch.T
         torch.testing.assert_close(a.transpose(1, 2)[real], b.transpose(1, 2)[real], atol=2e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+# HF's Falcon has no separate eager path to compare with (`set_attn_implementation("eager")` leaves it on SDPA,
+# and its `output_attentions` branch adds the boolean mask as numbers): its pattern is checked by hand below.
+HF_EAGER_ORACLE = [f for f in FAMILIES if f != "falcon"]
+
+
+@pytest.mark.parametrize("family", HF_EAGER_ORACLE)
 def test_pattern_equals_hf_eager_attention_weights(family):
     model = _bridge(family)
     if "blocks.0.attn.hook_pattern" not in model.hook_dict:
         pytest.skip(f"{family} offers no hook_pattern (see docs/families.md)")
     _assert_same_on_real_queries(_bridge_patterns(model), _hf_eager_attentions(model))
+
+
+@pytest.mark.parametrize("overrides", [{}, {"parallel_attn": False}], ids=["parallel", "sequential"])
+def test_falcon_attention_points_from_its_sdpa_call(overrides):
+    """Falcon's module calls SDPA itself: the points come from that call and equal the manual softmax of the
+    rotated query and key; an edit of the pattern equals the same edit of ``hook_z``; read-only hooks change no
+    bit of the logits."""
+    model = _bridge("falcon", **overrides)
+    with torch.no_grad():
+        plain = model(TOKENS, attention_mask=MASK)
+        logits, cache = model.run_with_cache(TOKENS, attention_mask=MASK, names_filter=lambda n: ".attn." in n)
+    assert torch.equal(logits, plain)
+    causal = torch.tril(torch.ones(TOKENS.shape[1], TOKENS.shape[1], dtype=torch.bool))
+    allowed = causal[None] & MASK.bool()[:, None, :]  # [batch, query, key]
+    for layer in range(model.cfg.n_layers):
+        q, k = cache["rot_q", layer], cache["rot_k", layer]  # [b, pos, 4, d], [b, pos, 1, d] (multi-query)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k.expand_as(q)) / model.cfg.d_head**0.5
+        expected = scores.masked_fill(~allowed[:, None], float("-inf")).softmax(-1)
+        _assert_same_on_real_queries([cache["pattern", layer]], (expected,))
+        assert cache["attn_scores", layer].shape == expected.shape
+
+    def zero_head_pattern(pattern, hook):
+        pattern[:, 1] = 0
+
+    def zero_head_z(z, hook):
+        z[:, :, 1] = 0
+
+    with torch.no_grad():
+        by_pattern = model.run_with_hooks(TOKENS, attention_mask=MASK, fwd_hooks=[("blocks.1.attn.hook_pattern",
+                                                                                   zero_head_pattern)])  # fmt: skip
+        by_z = model.run_with_hooks(TOKENS, attention_mask=MASK, fwd_hooks=[("blocks.1.attn.hook_z", zero_head_z)])
+    real = MASK.bool()
+    torch.testing.assert_close(by_pattern[real], by_z[real], atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(by_pattern[real], plain[real], atol=1e-4)
 
 
 def _windowed_layers(config) -> list[tuple[int, int]]:
