@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench compat clients
 
 setup: $(STAMP)
 	$(PY) -m transformer_bridge.real_model
@@ -37,3 +37,8 @@ bench: setup
 	$(PY) benchmarks/forward.py
 	$(PY) benchmarks/generate.py
 	$(PY) benchmarks/peers.py
+
+# The exactness core against one transformers release, in a scratch venv: `make compat VERSION=5.20.2`.
+compat:
+	test -n "$(VERSION)" || (echo "usage: make compat VERSION=5.x.y" >&2; exit 2)
+	$(PYTHON) scripts/compat.py $(VERSION) --write
