@@ -45,7 +45,7 @@ def test_no_deprecation_warning_from_the_bridge_s_own_calls():
     model.run_with_cache(tokens)
     model.generate(tokens, max_new_tokens=3)
     model.generate(tokens, max_new_tokens=3, num_beams=2)
-    logits, kv = model(tokens, return_type="logits_and_cache")
+    _, kv = model(tokens, return_type="logits_and_cache")
     model(tokens[:, -1:], past_key_values=kv)
 
 
