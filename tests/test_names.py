@@ -63,6 +63,8 @@ def test_list_filters_mix_forms_without_repeats(model):
         "blocks.0.attn.hook_pattern",
         "blocks.0.hook_resid_post",
         "blocks.1.attn.hook_pattern",
+        "unembed.hook_in",
+        "unembed.hook_out",
     ]
 
 

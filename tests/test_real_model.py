@@ -31,7 +31,8 @@ def test_all_hooks_within_tolerance_and_cache_once(smollm2):
     # Reading hooks leave every output to HF's own kernels: caching everything is bitwise exact.
     assert torch.equal(logits, ref)
     n = smollm2.cfg.n_layers
-    assert len(cache) == len(smollm2.hook_dict) == 3 + 21 * n  # embed, ln_final (2) + 21 per block
+    # tokens, embed, ln_final (2), unembed in / out + 21 per block
+    assert len(cache) == len(smollm2.hook_dict) == 6 + 21 * n
     # Editing hooks (a clone counts as an edit) take the explicit attention path.
     with torch.no_grad():
         edited = smollm2.run_with_hooks(PROMPT, fwd_hooks=[(lambda n: True, lambda x, hook: x.clone())])

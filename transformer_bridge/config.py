@@ -1,6 +1,7 @@
 """`BridgeConfig`: the wrapped model's sizes and TransformerLens' `cfg` names, read once from the HF config."""
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -11,14 +12,29 @@ from .moe import is_moe_block
 from .sites import get_module
 
 
+class ConfigFieldError(AttributeError, ValueError):
+    """An assignment to ``model.cfg`` that the bridge cannot honour: a field read off the HF model, an unknown
+    name, or a value a field does not take. Also a `ValueError`, for code that catches that."""
+
+
 @dataclass
 class BridgeConfig:
     """Sizes of the wrapped model in the project's dimension vocabulary, plus TransformerLens' `cfg` names.
 
-    ``default_prepend_bos`` (TransformerLens' rule: True when the tokenizer has a BOS token) decides
-    whether text gets a BOS token when a call does not say, and ``default_padding_side`` how
-    `to_tokens` pads a batch; they are the fields meant to be changed
-    (``model.cfg.default_prepend_bos = False``).
+    Every field can be read; the fields a user may assign take effect where TransformerLens reads them, and
+    any other assignment raises `ConfigFieldError` naming the field (nothing is silently ignored):
+
+    - ``default_prepend_bos``: whether text gets a BOS token when a call does not say (TransformerLens' rule:
+      True when the tokenizer has one); ``default_padding_side``: how `to_tokens` pads a batch, and whether
+      token ids are read as left-padded.
+    - ``tokenizer_appends_eos``: strip the EOS a tokenizer appends (OLMo-style) from `to_tokens`' rows.
+    - ``eos_token_id`` / ``bos_token_id`` (an id, a list of ids for EOS, or None): written through to
+      ``hf_model.generation_config``, the source `generate` reads, so generation stops at that EOS (None or
+      ``[]``: at no EOS); ``bos_token_id`` is also the BOS that left-padded ids keep.
+    - ``n_ctx``: the context limit inputs are checked and `to_tokens` truncates against.
+    - ``use_attn_result``: accepted either way (``hook_result`` is computed whenever it is hooked or cached);
+      ``use_split_qkv_input`` / ``use_attn_in`` / ``use_hook_mlp_in``: False only (those points are not
+      offered, see docs/transformerlens.md).
 
     Mixture-of-experts families set ``num_experts`` and ``experts_per_token`` (TransformerLens' names; None
     otherwise), with ``d_mlp`` one expert's width when no block is dense. State-space families (Mamba) have
@@ -26,6 +42,8 @@ class BridgeConfig:
 
     Example:
         >>> model.cfg.n_layers, model.cfg.d_head, model.cfg.default_prepend_bos
+        >>> model.cfg.default_prepend_bos = False          # honoured by to_tokens, forward, generate ...
+        >>> model.cfg.n_layers = 3                         # raises ConfigFieldError: read off the HF model
     """
 
     model_type: str
@@ -44,13 +62,31 @@ class BridgeConfig:
     positional_embedding_type: str = "standard"
     default_prepend_bos: bool = True
     default_padding_side: str = "right"
-    eos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
     bos_token_id: int | None = None
     tokenizer_name: str | None = None
     num_experts: int | None = None
     experts_per_token: int | None = None
     dtype: torch.dtype = torch.float32
     device: torch.device | None = None
+    tokenizer_appends_eos: bool = False
+    use_attn_result: bool = True
+    use_split_qkv_input: bool = False
+    use_attn_in: bool = False
+    use_hook_mlp_in: bool = False
+    # Where assigned BOS / EOS ids are written through (the HF model's generation config); set by `bridge_config`.
+    generation_config: Any = field(default=None, repr=False, compare=False)
+    locked: bool = field(default=False, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not self.__dict__.get("locked", False):
+            object.__setattr__(self, name, value)
+            return
+        rule = _ASSIGNABLE.get(name)
+        if rule is None:
+            raise ConfigFieldError(_refusal(name))
+        value = rule(self, value)
+        object.__setattr__(self, name, value)
 
     @property
     def n_key_value_heads(self) -> int:
@@ -69,6 +105,86 @@ class BridgeConfig:
     @property
     def model_name(self) -> str:
         return self.tokenizer_name or self.model_type
+
+
+_READ_OFF = ("dtype", "device")
+
+
+def _refusal(name: str) -> str:
+    assignable = ", ".join(f"`{n}`" for n in _ASSIGNABLE)
+    if name in _READ_OFF:
+        return (
+            f"`cfg.{name}` cannot be assigned: it says where the HF model's weights are; move or cast the model "
+            f"instead (`model.to({'torch.float16' if name == 'dtype' else repr('cuda')})`). Assignable: {assignable}."
+        )
+    if name in {f.name for f in fields(BridgeConfig)} or isinstance(getattr(BridgeConfig, name, None), property):
+        return (
+            f"`cfg.{name}` cannot be assigned: it is read off the wrapped HF model, which the bridge runs unchanged "
+            f"(build or load a different HF model to change it). Assignable: {assignable}."
+        )
+    return f"`cfg` has no field `{name}` (a misspelling?); assignable fields: {assignable}."
+
+
+def _bool(name: str) -> Callable[[BridgeConfig, Any], bool]:
+    def check(cfg: BridgeConfig, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ConfigFieldError(f"`cfg.{name}` must be True or False, got {type(value).__name__} {value!r}.")
+        return value
+
+    return check
+
+
+def _only_false(name: str, why: str) -> Callable[[BridgeConfig, Any], bool]:
+    def check(cfg: BridgeConfig, value: Any) -> bool:
+        if value is not False:
+            raise ConfigFieldError(f"`cfg.{name}` can only be False here, got {value!r}: {why}")
+        return value
+
+    return check
+
+
+def _padding_side(cfg: BridgeConfig, value: Any) -> str:
+    if value not in ("left", "right"):
+        raise ConfigFieldError(f"`cfg.default_padding_side` must be 'left' or 'right', got {value!r}.")
+    return value
+
+
+def _n_ctx(cfg: BridgeConfig, value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigFieldError(f"`cfg.n_ctx` must be a positive int (a context limit) or None, got {value!r}.")
+    return value
+
+
+def _token_ids(name: str, many: bool) -> Callable[[BridgeConfig, Any], Any]:
+    def check(cfg: BridgeConfig, value: Any) -> Any:
+        ids = value if many and isinstance(value, (list, tuple)) else [] if value is None else [value]
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < cfg.d_vocab:
+                kind = "a token id, a list of them, or None" if many else "a token id or None"
+                raise ConfigFieldError(
+                    f"`cfg.{name}` must be {kind} in [0, {cfg.d_vocab - 1}], got {type(value).__name__} {value!r}."
+                )
+        stored = list(value) if isinstance(value, (list, tuple)) else value
+        if cfg.generation_config is not None:  # what `generate` reads first; [] means: stop at no EOS
+            setattr(cfg.generation_config, name, [] if many and value is None else stored)
+        return stored
+
+    return check
+
+
+_SPLIT = "the bridge does not offer TransformerLens' split-input points (docs/transformerlens.md)."
+_ASSIGNABLE: dict[str, Callable[[BridgeConfig, Any], Any]] = {
+    "default_prepend_bos": _bool("default_prepend_bos"),
+    "default_padding_side": _padding_side,
+    "tokenizer_appends_eos": _bool("tokenizer_appends_eos"),
+    "eos_token_id": _token_ids("eos_token_id", many=True),
+    "bos_token_id": _token_ids("bos_token_id", many=False),
+    "n_ctx": _n_ctx,
+    "use_attn_result": _bool("use_attn_result"),
+    "use_split_qkv_input": _only_false("use_split_qkv_input", _SPLIT),
+    "use_attn_in": _only_false("use_attn_in", _SPLIT),
+    "use_hook_mlp_in": _only_false("use_hook_mlp_in", _SPLIT),
+}
 
 
 def bridge_config(model: PreTrainedModel, adapter: Adapter, tokenizer: Any = None) -> BridgeConfig:
@@ -109,7 +225,22 @@ def bridge_config(model: PreTrainedModel, adapter: Adapter, tokenizer: Any = Non
         tokenizer_name=getattr(tokenizer, "name_or_path", None) or None,
         dtype=next(model.parameters()).dtype,
         device=next(model.parameters()).device,
+        tokenizer_appends_eos=_appends_eos(tokenizer),
+        generation_config=getattr(model, "generation_config", None),
+        locked=True,
     )
+
+
+def _appends_eos(tokenizer: Any) -> bool:
+    """Whether the tokenizer ends its encodings with EOS (OLMo-style), TransformerLens' detection."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None or eos == getattr(tokenizer, "bos_token_id", None):
+        return False
+    try:
+        ids = tokenizer("a")["input_ids"]
+    except Exception:  # a tokenizer that cannot encode plain text says nothing about EOS
+        return False
+    return bool(ids) and ids[-1] == eos
 
 
 def _kv_heads(model: PreTrainedModel, adapter: Adapter, c: Any, n_heads: int, d_head: int) -> int:

@@ -449,6 +449,7 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
         output_attentions: bool = False,
         position_ids: Int[Tensor, "batch pos"] | None = None,
         past_key_values: Cache | None = None,
+        past_kv_cache: Any = None,
     ) -> Any:
         """Logits ``[batch, pos, d_vocab]``, TransformerLens' ``forward`` with HF's keywords too.
 
@@ -463,7 +464,9 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
         ``n_layers``: before the final norm). ``output_hidden_states`` / ``output_attentions`` return
         HF's output object (``.logits``, ``.hidden_states``, ``.attentions``, the latter read from
         ``hook_pattern``). ``position_ids`` ``[batch, pos]`` (the tokens' shape) replace the positions
-        derived from the mask, as in HF; ``hook.ctx.positions`` shows them. ``return_type="logits_and_cache"``
+        derived from the mask, as in HF; ``hook.ctx.positions`` shows them. ``past_kv_cache``: TransformerLens'
+        `TransformerLensKeyValueCache` (`transformer_bridge.compat.kv_cache`): ``input`` holds the new tokens only
+        (``attention_mask`` too), and the cache grows unless frozen. ``return_type="logits_and_cache"``
         returns ``(logits, kv_cache)``, an HF ``DynamicCache``; giving it back as ``past_key_values=`` with the
         next token ids and an ``attention_mask`` over past and new tokens runs one cached step (the cache grows
         in place, as HF's does), positions counted from the mask: the logits of the whole sequence's last rows.
@@ -473,6 +476,11 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
             >>> resid = model("The capital of France is", stop_at_layer=3)     # [1, pos, d_model]
             >>> logits = model(resid, start_at_layer=3)
         """
+        if past_kv_cache is not None:  # TransformerLens' cache object runs the cached step (compat.kv_cache)
+            if not callable(getattr(past_kv_cache, "bridge_forward", None)) or past_key_values is not None:
+                raise TypeError(f"`past_kv_cache` takes a TransformerLensKeyValueCache, not {describe(past_kv_cache)}")
+            tl_args = (prepend_bos, padding_side, return_type, loss_per_token, start_at_layer, stop_at_layer)
+            return past_kv_cache.bridge_forward(self, input_ids if input is None else input, attention_mask, *tl_args)
         if return_type == "logits_and_cache" or past_key_values is not None:
             if stop_at_layer is not None or start_at_layer is not None or output_hidden_states or output_attentions:
                 raise ValueError(

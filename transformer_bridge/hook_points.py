@@ -6,7 +6,6 @@ computes it (a *site*), and that torch hook exists only while some point it serv
 registered. With nothing registered the HF model runs its own code, untouched.
 """
 
-import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ import torch
 from torch import Tensor
 
 from .context import HookContext
+from .hook_checks import _saved_for_backward, check_hook_fn, check_replacement
 from .names import HookNames, LayerOutOfRangeError, NameFilter, NotCachedError, UnknownHookError
 
 Direction = Literal["fwd", "bwd"]
@@ -130,9 +130,21 @@ class HookPoint:
         self._owner._remove_entries(e for e in entries if (including_permanent or not e.permanent)
                                     and (level is None or e.level == level))  # fmt: skip
 
-    def has_hooks(self, dir: Direction | Literal["both"] = "both", including_permanent: bool = True) -> bool:
-        """Whether this point has hooks in direction ``dir``."""
-        return any(including_permanent or not e.permanent for e in _by_direction(self, dir))
+    def has_hooks(
+        self, dir: Direction | Literal["both"] = "both", including_permanent: bool = True, level: int | None = None
+    ) -> bool:
+        """Whether this point has hooks in direction ``dir`` (permanent ones counted unless
+        ``including_permanent=False``; only those added at context ``level`` if given), as TransformerLens.
+
+        Example:
+            >>> with model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", fn)]):
+            ...     assert model.blocks[0].hook_resid_post.has_hooks(level=model.context_level)
+        """
+        _check_level(level)
+        return any(
+            (including_permanent or not e.permanent) and (level is None or e.level == level)
+            for e in _by_direction(self, dir)
+        )
 
     @property
     def active(self) -> bool:
@@ -145,6 +157,20 @@ class HookPoint:
         if parts[0] != "blocks":
             raise ValueError(f"Hook point {self.name!r} is not inside a block, so it has no layer index.")
         return int(parts[1])
+
+    def __call__(self, tensor: Tensor) -> Tensor:
+        """Run the point's hooks on ``tensor``, as calling TransformerLens' identity `HookPoint` module does:
+        the tensor itself when no hook changed it, else the edited one.
+
+        Example:
+            >>> x = torch.ones(1, 3, model.cfg.d_model)
+            >>> y = model.blocks[0].hook_resid_post(x)    # what the hooks make of x
+        """
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"A hook point is called with the activation tensor, got {type(tensor).__name__}.")
+        return self.run(tensor)
+
+    forward = __call__
 
     def run(self, tensor: Tensor) -> Tensor:
         """Apply the forward functions in registration order; attach backward ones to the result.
@@ -192,64 +218,12 @@ class HookPoint:
     def _run_bwd(self, grad: Tensor) -> Tensor | None:
         for entry in list(self.bwd_hooks):
             out = entry.fn(grad, self)
+            if isinstance(out, tuple) and len(out) == 1:  # TransformerLens' torch-style ``(grad,)``
+                out = out[0]
             if out is not None and out is not grad:
                 check_replacement(out, grad, entry.fn, self.name + " (backward)")
                 grad = out
         return grad
-
-
-def _saved_for_backward(tensor: Tensor) -> bool:
-    """Whether the op that produced ``tensor`` (or the tensor it is a view of) saved its output."""
-    for t in (tensor, tensor._base):
-        fn = t.grad_fn if t is not None else None
-        if fn is not None and any(hasattr(fn, a) for a in ("_saved_result", "_saved_output", "_saved_out")):
-            return True
-    return False
-
-
-def check_replacement(out: object, tensor: Tensor, fn: Callable, name: str) -> None:
-    """A hook's return value must be a tensor like the activation it replaces."""
-    if not isinstance(out, Tensor):
-        raise TypeError(
-            f"Hook {_fn_name(fn)} on {name!r} returned {type(out).__name__}; a hook must return a Tensor "
-            "(to replace the activation) or None (to keep it, edited in place or not)."
-        )
-    if out.shape != tensor.shape:
-        raise ValueError(
-            f"Hook {_fn_name(fn)} on {name!r} returned shape {tuple(out.shape)}, but the activation has shape "
-            f"{tuple(tensor.shape)}; a replacement must keep the shape."
-        )
-    if out.dtype != tensor.dtype:
-        raise TypeError(
-            f"Hook {_fn_name(fn)} on {name!r} returned dtype {out.dtype}, but the activation is {tensor.dtype}; "
-            f"return `new.to({tensor.dtype})`."
-        )
-    if out.device != tensor.device:
-        raise ValueError(
-            f"Hook {_fn_name(fn)} on {name!r} returned a tensor on device {out.device}, but the activation is on "
-            f"{tensor.device}; return `new.to(tensor.device)`."
-        )
-
-
-def _fn_name(fn: Callable) -> str:
-    return getattr(fn, "__qualname__", None) or repr(fn)
-
-
-def check_hook_fn(fn: object, param: str = "hook") -> None:
-    """``fn`` must be callable as ``fn(tensor, hook)``."""
-    if not callable(fn):
-        raise TypeError(f"`{param}` must be callable as fn(tensor, hook), got {type(fn).__name__} {fn!r}.")
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # builtins and C callables: nothing to check
-        return
-    try:
-        signature.bind(None, None)
-    except TypeError:
-        raise TypeError(
-            f"`{param}` {_fn_name(fn)}{signature} cannot be called as fn(tensor, hook): a hook takes two "
-            "arguments, the activation and the hook point (write `lambda x, hook: ...`)."
-        ) from None
 
 
 def _by_direction(point: HookPoint, dir: str) -> list["_Entry"]:
@@ -276,6 +250,24 @@ class _Entry:
     @property
     def hooks(self) -> list["_Entry"]:
         return self.point.fwd_hooks if self.dir == "fwd" else self.point.bwd_hooks
+
+    # TransformerLens' `LensHandle` fields, for code that inspects ``hook_point.fwd_hooks``.
+    @property
+    def is_permanent(self) -> bool:
+        return self.permanent
+
+    @property
+    def context_level(self) -> int | None:
+        return self.level
+
+    @property
+    def user_hook(self) -> HookFn:
+        return self.fn
+
+    @property
+    def hook(self) -> "HookHandle":
+        """A handle whose ``remove()`` unregisters this function (TransformerLens' ``LensHandle.hook``)."""
+        return HookHandle(self.point._owner, [self])
 
 
 @dataclass(eq=False)
@@ -437,6 +429,27 @@ class HookRegistry:
     def hook_points(self) -> list[HookPoint]:
         """Every hook point, in canonical order."""
         return list(self.hook_dict.values())
+
+    def list_hooks(
+        self,
+        name_filter: NameFilter = None,
+        dir: Direction | Literal["both"] = "both",
+        including_permanent: bool = True,
+    ) -> dict[str, list["_Entry"]]:
+        """TransformerLens' ``list_hooks``: ``{point name: its hook entries}`` for the points ``name_filter``
+        selects (None: all) that have hooks; each entry has ``.user_hook``, ``.is_permanent``, ``.context_level``.
+
+        Example:
+            >>> model.add_hook("blocks.0.hook_resid_post", fn)
+            >>> model.list_hooks()["blocks.0.hook_resid_post"][0].user_hook is fn
+            True
+        """
+        out = {}
+        for point in self.resolve(name_filter, "name_filter") if name_filter is not None else self.hook_points():
+            entries = [e for e in _by_direction(point, dir) if including_permanent or not e.permanent]
+            if entries:
+                out[point.name] = entries
+        return out
 
     @contextmanager
     def hooks(

@@ -44,7 +44,7 @@ _TL4_BLOCK = {
     "attn.o.hook_in": "attn.hook_z", "attn.hook_out": "hook_attn_out", "mlp.hook_out": "hook_mlp_out",
     "mlp.in.hook_out": "mlp.hook_pre", "mlp.out.hook_in": "mlp.hook_post",
 }  # fmt: skip
-_TL4_MODEL = {"embed.hook_out": "hook_embed", "pos_embed.hook_out": "hook_pos_embed"}
+_TL4_MODEL = {"embed.hook_in": "hook_tokens", "embed.hook_out": "hook_embed", "pos_embed.hook_out": "hook_pos_embed"}
 
 
 def tl4_spelling(name: str) -> str:

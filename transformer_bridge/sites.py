@@ -53,7 +53,7 @@ class Site(TorchHook):
     def _call(self, x: Tensor, inp: Tensor | None) -> Tensor:
         # OPT runs its MLP on flattened tokens [batch * pos, d]; hooks always see [batch, pos, d].
         ctx = self.registry.ctx
-        if x.dim() == 2 and ctx is not None:
+        if x.dim() == 2 and ctx is not None and x.is_floating_point():  # not token ids (`hook_tokens`)
             shape = x.shape
             x3 = x.view(ctx.positions.shape[0], -1, shape[-1])
             inp3 = None if inp is None else inp.view(ctx.positions.shape[0], -1, inp.shape[-1])
@@ -288,6 +288,7 @@ def build_sites(
     def site(module: nn.Module, kind: str, process: Callable) -> Site:
         return Site(module, kind, process, registry)  # type: ignore[arg-type]
 
+    add("hook_tokens", site(get_module(model, adapter.embed), "pre", identity))  # the ids the embedding reads
     add("hook_embed", site(get_module(model, adapter.embed), "post", identity))
     if adapter.pos_embed:
         add("hook_pos_embed", site(get_module(model, adapter.pos_embed), "post", batch_broadcast(registry)))
@@ -412,6 +413,9 @@ def build_sites(
     final = site(ln_final, "post", norm(adapter.norm, ln_final))
     add("ln_final.hook_scale", final, "scale")
     add("ln_final.hook_normalized", final, "normalized")
+    unembed = model.get_output_embeddings()  # TransformerLens' unembed.hook_in / hook_out: lm_head's input, output
+    add("unembed.hook_in", site(unembed, "pre", identity))
+    add("unembed.hook_out", site(unembed, "post", identity))
     return SiteMap(points, sites_for, stash)
 
 

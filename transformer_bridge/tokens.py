@@ -88,6 +88,8 @@ class Tokens:
         side = self.cfg.default_padding_side if padding_side is None else padding_side
         max_length = self.cfg.n_ctx if truncate else None
         tokens, mask = tokenize(tok, input, bos, side, self.pad_token_id, max_length)
+        if self.cfg.tokenizer_appends_eos and getattr(tok, "eos_token_id", None) is not None:
+            tokens, mask = _strip_eos(tokens, mask, tok.eos_token_id, self.pad_token_id, side)
         if move_to_device:
             tokens, mask = tokens.to(self.device), mask.to(self.device)
         return tokens, mask
@@ -130,3 +132,22 @@ class Tokens:
         if len(ids) != 1:
             raise ValueError(f"`string`={string!r} is {len(ids)} tokens ({ids}), not exactly one.")
         return ids[0]
+
+
+def _strip_eos(
+    tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"], eos: int, pad: int, side: str
+) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+    """Drop the EOS tokens that end each row's real tokens (keeping at least one token), re-padded on ``side``:
+    ``cfg.tokenizer_appends_eos``, for tokenizers that append EOS (the model should continue the text)."""
+    rows = [t[m.bool()].tolist() for t, m in zip(tokens, mask, strict=True)]
+    for r in rows:
+        while len(r) > 1 and r[-1] == eos:
+            r.pop()
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), pad, dtype=tokens.dtype)
+    new_mask = torch.zeros((len(rows), width), dtype=mask.dtype)
+    for i, r in enumerate(rows):
+        cols = slice(width - len(r), width) if side == "left" else slice(0, len(r))
+        out[i, cols] = torch.tensor(r, dtype=tokens.dtype)
+        new_mask[i, cols] = 1
+    return out, new_mask
