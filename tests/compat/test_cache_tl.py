@@ -5,6 +5,8 @@ bridge's ``hook_result``; neurons must sum to ``hook_mlp_out`` minus ``b_out``. 
 perturbed first (HF initialises biases to 0 and norm weights to 1, which would hide a missing term).
 """
 
+import ast
+
 import pytest
 import torch
 from conftest import CONFIGS, FAMILIES, V, char_tokenizer, normalized_input, perturb_
@@ -291,7 +293,8 @@ def test_losses_and_small_helpers():
 
 def test_test_prompt_ranks(capsys):
     model = make("gpt2")
-    ranks = utils.test_prompt("Hello", "wo", model, top_k=3)
+    assert utils.test_prompt("Hello", "wo", model, top_k=3) is None  # prints, as TransformerLens' does
+    last = capsys.readouterr().out.splitlines()[-1]
+    ranks = ast.literal_eval(last.removeprefix("Ranks of the answer tokens: "))
     assert [token for token, _ in ranks] == [" ", "w", "o"]
     assert all(0 <= rank < V for _, rank in ranks)
-    assert "Ranks of the answer tokens" in capsys.readouterr().out
