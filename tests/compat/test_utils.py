@@ -253,6 +253,7 @@ def test_slice_modes():
         assert s.mode == "int" and torch.equal(s.apply(x, dim=1), x[:, 2])
     assert torch.equal(utils.Slice((1, 3)).apply(x, dim=-1), x[:, 1:3])
     assert torch.equal(utils.Slice([3, 0]).apply(x, dim=1), x[:, [3, 0]])
+    assert torch.equal(utils.Slice(torch.tensor([-1, 0])).apply(x, dim=1), x[:, [-1, 0]])
     mask = torch.tensor([True, False, True, False])
     assert torch.equal(utils.Slice(mask).apply(x, dim=1), x[:, mask])
     assert utils.Slice(np.array([False, True, True])).indices(3).tolist() == [1, 2]

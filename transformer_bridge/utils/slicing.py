@@ -68,13 +68,14 @@ class Slice:
         """``tensor`` with this selection applied along ``dim`` (an int drops the axis).
 
         Example:
-            >>> Slice([2, 0]).apply(torch.arange(3) * 10)
+            >>> Slice([2, -3]).apply(torch.arange(3) * 10)
             tensor([20,  0])
         """
         if self.mode == "int":
             return tensor.select(dim, self.slice)
         if self.mode == "array":
-            return tensor.index_select(dim, self.slice.to(tensor.device))
+            index = self.slice.to(tensor.device)
+            return tensor.index_select(dim, torch.where(index < 0, index + tensor.shape[dim], index))
         return tensor[(slice(None),) * (dim % tensor.dim()) + (self.slice,)]
 
     def indices(self, max_ctx: int | None = None) -> np.ndarray:
