@@ -7,9 +7,9 @@ from .weights import WeightNotAvailableError, WeightProperties
 __all__ = [
     "Blocks",
     "ComponentView",
+    "Components",
     "TransformerLensKeyValueCache",
     "TransformerLensKeyValueCacheEntry",
-    "Components",
     "WeightNotAvailableError",
     "WeightProperties",
 ]

@@ -21,6 +21,7 @@ from ..sites import get_module
 from . import weights
 from .caching_hooks import CachingHooks
 from .circuits import Circuits
+from .processing import Processing
 from .running import RunCompat
 
 Weight = Callable[[BridgeCore, int], Any]
@@ -200,10 +201,10 @@ def build_components(core: BridgeCore) -> tuple[Blocks, dict[str, ComponentView]
     return Blocks(views), {k: v for k, v in model_level.items() if v is not None}
 
 
-class Components(RunCompat, CachingHooks, Circuits):
+class Components(RunCompat, CachingHooks, Circuits, Processing):
     """Mixin for the public class: the component tree and root-level hook points as attributes, with
-    TransformerLens' ``run_with_cache`` keywords (`RunCompat`), caching hooks (`CachingHooks`) and weight
-    circuits (`Circuits`)."""
+    TransformerLens' ``run_with_cache`` keywords (`RunCompat`), caching hooks (`CachingHooks`), weight
+    circuits (`Circuits`) and opt-in weight processing (`Processing`)."""
 
     @property
     def blocks(self) -> Blocks:

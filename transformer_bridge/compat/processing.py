@@ -1,0 +1,320 @@
+"""TransformerLens' weight processing, opt-in: ``fold_ln``, ``center_writing_weights``, ``center_unembed``,
+``fold_value_biases``, applied to the parameters of the HF model the bridge runs (in place).
+
+The bridge runs the HF model unmodified by default (bitwise HF logits). TransformerLens' analyses (logit
+lens, direct logit attribution, composition scores) usually assume its processed weights; this module
+rewrites the HF parameters into that form, so the model computes the same function (logits within float
+reassociation; ``center_unembed``: the same log-probabilities) while ``W_Q``, ``OV``, the residual stream
+and ``decompose_resid`` become TransformerLens' processed numbers:
+
+- ``fold_ln``: each pre-norm's weight γ (and bias β, LayerNorm) is folded into the matrices that read it
+  (Q/K/V, the MLP input and gate, the unembedding), and the norm's weight set to 1 (β to 0). For LayerNorm
+  the reading matrices are also centred over ``d_model`` (their input is centred). Afterwards
+  ``ln1.hook_normalized @ W_Q + b_Q == hook_q``.
+- ``center_writing_weights`` (LayerNorm families only: an RMS norm does not remove the mean): the matrices
+  writing to the residual stream (``W_E``, ``W_pos``, ``W_O``, ``W_out`` and their biases) are centred over
+  ``d_model``, so the residual stream has mean 0 at every point.
+- ``center_unembed``: ``W_U`` and ``b_U`` are centred over the vocabulary (logits shift by a constant per
+  position). Not defined with a final logit soft-cap (Gemma 2), which is not shift-invariant.
+- ``fold_value_biases``: the value bias ``b_V`` is folded into ``b_O`` (the pattern sums to 1), and zeroed.
+
+A step not defined for a family is skipped, and the reason recorded in ``model.weight_processing``, as
+TransformerLens skips ``center_writing_weights`` for RMS norms. A tied unembedding is untied first. Mixtures
+of experts, state-space and latent-attention families are refused.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..core import BridgeCore
+from ..sites import get_module, optional_module
+
+__all__ = ["WeightProcessing", "process_weights"]
+
+STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
+
+
+@dataclass(frozen=True)
+class WeightProcessing:
+    """What `process_weights` did: the steps applied, and each step skipped with the reason.
+
+    Example:
+        >>> model.enable_compatibility_mode()
+        >>> model.weight_processing.applied           # ('fold_ln', 'center_unembed') on an RMS-norm model
+    """
+
+    applied: tuple[str, ...]
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def process_weights(
+    core: BridgeCore,
+    fold_ln: bool = True,
+    center_writing_weights: bool = True,
+    center_unembed: bool = True,
+    fold_value_biases: bool = True,
+) -> WeightProcessing:
+    """Rewrite the HF model's parameters in place into TransformerLens' processed form (see the module doc).
+
+    Example:
+        >>> report = process_weights(model, fold_ln=True, center_writing_weights=True)
+        >>> normalized = cache["normalized", 0, "ln1"]             # after a new run_with_cache
+        >>> q = torch.einsum("bpd,hde->bphe", normalized, model.W_Q[0]) + model.b_Q[0]   # == cache["q", 0]
+    """
+    asked = {"fold_ln": fold_ln, "center_writing_weights": center_writing_weights,
+             "center_unembed": center_unembed, "fold_value_biases": fold_value_biases}  # fmt: skip
+    for name, value in asked.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"`{name}` must be True or False, got {type(value).__name__} {value!r}.")
+    _check_family(core)
+    skipped = _undefined(core)
+    todo = [s for s in STEPS if asked[s] and s not in skipped]
+    skipped = {s: why for s, why in skipped.items() if asked[s]}
+    with torch.no_grad():
+        if todo:
+            _untie_unembedding(core)
+        layernorm = core.adapter.norm == "layernorm"
+        if "fold_ln" in todo:
+            _fold_norms(core, center_readers=layernorm)
+        if "center_writing_weights" in todo:
+            _center_writers(core)
+        if "center_unembed" in todo:
+            w = _weight_io(core, core.hf_model.get_output_embeddings())  # [d_model, d_vocab]
+            w.sub_(w.mean(-1, keepdim=True))
+            b = getattr(core.hf_model.get_output_embeddings(), "bias", None)
+            if b is not None:
+                b.sub_(b.mean())
+        if "fold_value_biases" in todo:
+            _fold_value_biases(core, center=layernorm and "center_writing_weights" in todo)
+    return WeightProcessing(tuple(todo), skipped)
+
+
+def _check_family(core: BridgeCore) -> None:
+    a = core.adapter
+    what = ("a state-space" if a.ssm or a.hybrid else "a mixture-of-experts" if a.moe else
+            "a multi-head latent attention" if a.mla else None)  # fmt: skip
+    if what is not None:
+        raise ValueError(
+            f"Weight processing is not defined here for {core.cfg.model_type!r}, {what} family: its blocks are not "
+            "TransformerLens' attention + MLP layout. Run it unprocessed (the default)."
+        )
+    for p in core.hf_model.parameters():
+        if p.device.type == "meta" or (type(p) is not nn.Parameter and type(p) is not torch.Tensor):
+            raise ValueError(
+                "Weight processing rewrites every parameter in place: it needs the whole model on real devices "
+                "(not offloaded or tensor-parallel). Load it whole, or run it unprocessed."
+            )
+
+
+def _undefined(core: BridgeCore) -> dict[str, str]:
+    """The steps not defined for this family, with the reason (TransformerLens' rules)."""
+    out = {}
+    if core.adapter.norm != "layernorm":
+        out["center_writing_weights"] = "an RMS norm does not remove the mean, so centring would change the output"
+    elif core.adapter.sandwich or core.adapter.ln1 is None:
+        out["center_writing_weights"] = "a norm after a sublayer (before the residual add) is not mean-invariant"
+    if getattr(core.hf_model.config, "final_logit_softcapping", None):
+        out["center_unembed"] = "the final logit soft-cap is not invariant to a shift of the logits"
+    return out
+
+
+def _weight_io(core: BridgeCore, module: nn.Module) -> Tensor:
+    """The module's weight as ``[in, out]``, a view (GPT-2's Conv1D stores it so, ``nn.Linear`` as ``[out, in]``;
+    a Conv1D family's unembedding is still an ``nn.Linear``)."""
+    return module.weight.T if isinstance(module, nn.Linear) or not core.adapter.conv1d else module.weight
+
+
+def _bias(module: nn.Module, out_features: int, like: Tensor) -> Tensor:
+    """The module's bias, created (zeros) when the module has none, so a folded shift has somewhere to go."""
+    if getattr(module, "bias", None) is None:
+        module.bias = nn.Parameter(torch.zeros(out_features, dtype=like.dtype, device=like.device))
+    return module.bias
+
+
+def _untie_unembedding(core: BridgeCore) -> None:
+    """Give the unembedding its own weight when it shares the embedding's (GPT-2, Gemma …): processing
+    treats them differently."""
+    unembed, embed = core.hf_model.get_output_embeddings(), core.hf_model.get_input_embeddings()
+    if unembed.weight.data_ptr() == embed.weight.data_ptr():
+        unembed.weight = nn.Parameter(unembed.weight.detach().clone())
+        core.hf_model.config.tie_word_embeddings = False  # a later tie_weights() must not re-tie them
+
+
+def _fold_into(core: BridgeCore, norm: nn.Module, readers: list[nn.Module], center_readers: bool) -> None:
+    """Fold ``norm``'s γ (and β) into each reader's input dimension, then make the norm the identity affine."""
+    w = getattr(norm, "weight", None)
+    gamma = None if w is None else (1.0 + w.float() if core.adapter.norm == "rms_one_plus" else w.float())
+    beta = getattr(norm, "bias", None)
+    for module in readers:
+        weight = _weight_io(core, module)  # [d_model, out]
+        folded = weight.float() * gamma[:, None] if gamma is not None else weight.float()
+        if beta is not None and bool(beta.any()):
+            bias = _bias(module, weight.shape[1], weight)
+            bias.add_((beta.float() @ weight.float()).to(bias.dtype))
+        if center_readers:
+            folded = folded - folded.mean(0, keepdim=True)
+        weight.copy_(folded.to(weight.dtype))
+    if w is not None:
+        w.fill_(0.0 if core.adapter.norm == "rms_one_plus" else 1.0)
+    if beta is not None:
+        beta.zero_()
+
+
+def _attention_readers(core: BridgeCore, block: nn.Module) -> list[nn.Module]:
+    a = core.adapter
+    return [get_module(block, a.qkv)] if a.qkv is not None else [get_module(block, p) for p in (a.q, a.k, a.v)]
+
+
+def _mlp_readers(core: BridgeCore, block: nn.Module) -> list[nn.Module]:
+    a = core.adapter
+    return [get_module(block, a.mlp_in), *([get_module(block, a.mlp_up)] if a.mlp_up else [])]
+
+
+def _fold_norms(core: BridgeCore, center_readers: bool) -> None:
+    a = core.adapter
+    for block in get_module(core.hf_model, a.blocks):
+        ln1, ln2 = optional_module(block, a.ln1), optional_module(block, a.ln2, may_be_absent=True)
+        if ln1 is not None:  # one norm feeding attention and MLP (GPT-J, Phi, parallel Falcon) when ln2 is None
+            readers = _attention_readers(core, block) + ([] if ln2 is not None else _mlp_readers(core, block))
+            _fold_into(core, ln1, readers, center_readers)
+        if ln2 is not None:
+            _fold_into(core, ln2, _mlp_readers(core, block), center_readers)
+    final = get_module(core.hf_model, a.ln_final)
+    _fold_into(core, final, [core.hf_model.get_output_embeddings()], center_readers)
+
+
+def _center_rows(t: Tensor | None) -> None:
+    if t is not None:
+        t.sub_(t.mean(-1, keepdim=True))
+
+
+def _center_writers(core: BridgeCore) -> None:
+    a = core.adapter
+    _center_rows(core.hf_model.get_input_embeddings().weight)  # [d_vocab, d_model]
+    if a.pos_embed:
+        _center_rows(get_module(core.hf_model, a.pos_embed).weight)
+    for block in get_module(core.hf_model, a.blocks):
+        for path in (a.o_proj, a.mlp_down):
+            module = get_module(block, path)
+            _center_rows(_weight_io(core, module))  # [in, d_model]
+            _center_rows(getattr(module, "bias", None))
+
+
+def _fold_value_biases(core: BridgeCore, center: bool) -> None:
+    """``b_O += Σ_h b_V[kv(h)] @ W_O[h]``, then ``b_V = 0`` (each query head reads its kv head's values)."""
+    c, a = core.cfg, core.adapter
+    groups = c.n_heads // c.n_kv_heads
+    for block in get_module(core.hf_model, a.blocks):
+        b_v = _value_bias(core, block)
+        if b_v is None:
+            continue
+        o_proj = get_module(block, a.o_proj)
+        w_o = _weight_io(core, o_proj)  # [n_heads * d_head, d_model]
+        per_query_head = b_v.repeat_interleave(groups, dim=0).reshape(-1)  # [n_heads * d_head]
+        b_o = _bias(o_proj, c.d_model, w_o)
+        b_o.add_((per_query_head.float() @ w_o.float()).to(b_o.dtype))
+        if center:
+            b_o.sub_(b_o.mean())
+        b_v.zero_()
+
+
+def _value_bias(core: BridgeCore, block: nn.Module) -> Tensor | None:
+    """``b_V`` as ``[n_kv_heads, d_head]``: a view of the HF bias (None when the family has none)."""
+    c, a = core.cfg, core.adapter
+    if a.qkv is None:
+        b = getattr(get_module(block, a.v), "bias", None)
+        return None if b is None else b.view(c.n_kv_heads, c.d_head)
+    b = getattr(get_module(block, a.qkv), "bias", None)
+    if b is None:
+        return None
+    if a.qkv_layout == "per_head":  # [head, q|k|v, d_head]
+        return b.view(c.n_heads, 3, c.d_head)[:, 2]
+    start = (c.n_heads + c.n_kv_heads) * c.d_head
+    return b[start : start + c.n_kv_heads * c.d_head].view(c.n_kv_heads, c.d_head)
+
+
+class Processing:
+    """Mixin for the public class: `enable_compatibility_mode`, `process_weights`, and the processing keywords of
+    `from_pretrained`. Unprocessed (bitwise HF) unless asked."""
+
+    weight_processing: WeightProcessing | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        *args: Any,
+        fold_ln: bool = False,
+        center_writing_weights: bool = False,
+        center_unembed: bool = False,
+        fold_value_biases: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Load and wrap (see `BridgeCore.from_pretrained`); TransformerLens' processing keywords opt in to
+        processed weights (`process_weights`), all False by default: the model runs as HF ships it.
+
+        Example:
+            >>> model = TransformerBridge.from_pretrained("path/to/SmolLM2", fold_ln=True, center_unembed=True)
+        """
+        model = super().from_pretrained(name_or_path, *args, **kwargs)  # type: ignore[misc]
+        steps = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                     center_unembed=center_unembed, fold_value_biases=fold_value_biases)  # fmt: skip
+        if any(v is not False for v in steps.values()):
+            model.process_weights(**steps)
+        return model
+
+    @classmethod
+    def from_pretrained_no_processing(cls, name_or_path: str, *args: Any, **kwargs: Any) -> Any:
+        """TransformerLens' name for loading without processing: `from_pretrained` (the default here)."""
+        return cls.from_pretrained(name_or_path, *args, **kwargs)
+
+    def process_weights(
+        self,
+        fold_ln: bool = True,
+        center_writing_weights: bool = True,
+        center_unembed: bool = True,
+        fold_value_biases: bool = True,
+    ) -> WeightProcessing:
+        """Rewrite the HF model's weights in place into TransformerLens' processed form; returns and records
+        (``model.weight_processing``) what was applied and what was skipped (see `compat.processing`).
+
+        Example:
+            >>> model.process_weights(fold_ln=True, center_writing_weights=False)
+        """
+        report = process_weights(self, fold_ln, center_writing_weights, center_unembed, fold_value_biases)  # type: ignore[arg-type]
+        previous = self.weight_processing
+        applied = tuple(dict.fromkeys([*(previous.applied if previous else ()), *report.applied]))
+        self.weight_processing = WeightProcessing(applied, {**(previous.skipped if previous else {}), **report.skipped})
+        return self.weight_processing
+
+    def enable_compatibility_mode(
+        self,
+        disable_warnings: bool = False,
+        no_processing: bool = False,
+        fold_ln: bool = True,
+        center_writing_weights: bool = True,
+        center_unembed: bool = True,
+        fold_value_biases: bool = True,
+        refactor_factored_attn_matrices: bool = False,
+    ) -> None:
+        """TransformerLens 4's switch to HookedTransformer's processed weights: `process_weights` with these
+        steps (``no_processing=True``: none). Hook names need no switch here (TransformerLens' names are the
+        canonical ones). ``refactor_factored_attn_matrices`` is not offered.
+
+        Example:
+            >>> model.enable_compatibility_mode()
+            >>> model.weight_processing.applied
+        """
+        if refactor_factored_attn_matrices:
+            raise ValueError(
+                "`refactor_factored_attn_matrices=True` is not offered: it changes W_Q / W_K / W_V / W_O beyond "
+                "what the HF model's attention can run unchanged. Leave it False."
+            )
+        if not isinstance(disable_warnings, bool):
+            raise TypeError(f"`disable_warnings` must be True or False, got {disable_warnings!r}.")
+        if no_processing:
+            return
+        self.process_weights(fold_ln, center_writing_weights, center_unembed, fold_value_biases)
