@@ -1,5 +1,7 @@
 """transformer-bridge: TransformerLens-named hook points on unmodified HuggingFace decoder models."""
 
+from . import patching
+from .activations import ActivationStore, harvest
 from .adapters import SUPPORTED_MODEL_TYPES, UnsupportedArchitectureError
 from .bridge import BridgeConfig, TransformerBridge
 from .cache import ActivationCache, CacheFileError, get_act_name
@@ -13,6 +15,7 @@ from .sites import StaleCompiledHooksError
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "ActivationCache",
+    "ActivationStore",
     "Branch",
     "BridgeConfig",
     "BridgeCore",
@@ -31,5 +34,7 @@ __all__ = [
     "UnsupportedArchitectureError",
     "View",
     "get_act_name",
+    "harvest",
+    "patching",
     "sample",
 ]
