@@ -1,9 +1,23 @@
-"""The ``transformer-bridge`` command on a tiny model saved to a local folder."""
+"""The ``transformer-bridge`` command on a tiny model saved to a local folder: hooks, generate with every option as a
+flag, the interactive loop (scripted on stdin; Ctrl-C), and the saved activation cache."""
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
+import torch
 from conftest import char_tokenizer, make_bridge, make_hf
 
+from transformer_bridge import ActivationCache
 from transformer_bridge.cli import main
+from transformer_bridge.cli_options import CLI_OPTIONS, flag, parse_setting
+from transformer_bridge.generation.declare import OPTIONS
+from transformer_bridge.repl import run_repl
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +64,129 @@ def test_prepare_smollm2_prints_the_converted_folder(capsys):
     main(["prepare-smollm2"])
     printed = capsys.readouterr().out.strip()
     assert printed == str(smollm2_path()) and is_complete(smollm2_path())
+
+
+# -- generate: every option a flag, the interactive loop, the saved cache ----------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "transformer_bridge.cli", *args], input=stdin, capture_output=True,
+                          text=True, env=env, timeout=timeout, cwd=ROOT)  # fmt: skip
+
+
+def test_every_declared_command_line_option_is_a_flag_of_generate():
+    help_text = _cli("generate", "--help").stdout
+    flags = [flag(o) for o in CLI_OPTIONS]
+    missing = [f for f in flags if f not in help_text]
+    assert not missing, missing
+    wanted = ["--top-k", "--top-p", "--min-p", "--repetition-penalty", "--num-beams", "--compile", "--device",
+              "--prompt-lookup-num-tokens", "--dtype", "--interactive", "--cache", "--names-filter"]  # fmt: skip
+    assert [w for w in wanted if w not in help_text] == []
+    # Every option that takes plain values has a command-line form; the rest take Python objects.
+    objects = {"input", "inputs", "input_ids", "attention_mask", "token_type_ids", "generation_config",
+               "use_past_kv_cache", "logits_processor", "generator", "tokenizer", "stopping_criteria", "streamer",
+               "return_dict", "return_dict_in_generate", "top_logprobs", "output_logits", "output_scores",
+               "return_cache", "device", "padding_side", "controller", "assistant_model",
+               "num_assistant_tokens"}  # fmt: skip
+    assert {o.name for o in OPTIONS if o.cli is None} == objects
+
+
+def test_generate_flags_reach_generate(folder):
+    args = ["--max-new-tokens", "6", "--temperature", "0.8", "--top-k", "7", "--top-p", "0.9", "--seed", "4",
+            "--repetition-penalty", "1.3", "--suppress-tokens", "5", "6", "--logit-bias", '{"7": -2.5}']  # fmt: skip
+    out = _cli("generate", str(folder), "Hello", *args)
+    assert out.returncode == 0, out.stderr
+    model = make_bridge("llama")
+    expected = model.generate("Hello", max_new_tokens=6, temperature=0.8, top_k=7, top_p=0.9, seed=4,
+                              repetition_penalty=1.3, suppress_tokens=[5, 6], logit_bias={7: -2.5})  # fmt: skip
+    assert out.stdout.rstrip("\n") == expected
+    beams = _cli("generate", str(folder), "Hello", "--max-new-tokens", "4", "--num-beams", "3", "--no-do-sample")
+    assert beams.stdout.rstrip("\n") == model.generate("Hello", max_new_tokens=4, num_beams=3)
+    bad = _cli("generate", str(folder), "Hello", "--top-p", "1.5")
+    assert bad.returncode != 0 and "`top_p` must be a float in (0, 1], got 1.5" in bad.stderr
+
+
+def test_cache_flag_saves_what_run_with_cache_gives(folder, tmp_path):
+    out_file = tmp_path / "acts.safetensors"
+    out = _cli("generate", str(folder), "Hello", "--max-new-tokens", "5", "--cache", str(out_file),
+               "--names-filter", "blocks.*.hook_resid_post,pattern")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    model = make_bridge("llama")
+    tokens = model.generate("Hello", max_new_tokens=5, return_type="tokens")
+    names = [n for n in model.hook_dict if n.endswith("hook_resid_post") or n.endswith("hook_pattern")]
+    _, expected = model.run_with_cache(tokens, names_filter=names)
+    saved = ActivationCache.load(out_file)
+    assert sorted(saved.keys()) == sorted(expected.keys())
+    for name in names:
+        assert torch.equal(saved[name], expected[name]), name
+    assert "saved" in out.stderr
+    missing = _cli("generate", str(folder), "Hello", "--names-filter", "resid_post")
+    assert missing.returncode != 0 and "add --cache" in missing.stderr
+
+
+def test_interactive_session_on_stdin(folder):
+    session = "Hello\n:set temperature 0.9\n:set seed 3\nHi\n:options\n:set top_q 3\n:unset temperature\nHi\n:quit\n"
+    out = _cli("generate", str(folder), "--interactive", "--max-new-tokens", "5", stdin=session)
+    assert out.returncode == 0, out.stderr
+    model = make_bridge("llama")
+    text = out.stdout
+    greedy_hello = model.generate("Hello", max_new_tokens=5)
+    sampled_hi = model.generate("Hi", max_new_tokens=5, temperature=0.9, seed=3)
+    greedy_hi = model.generate("Hi", max_new_tokens=5, seed=3)
+    assert text.index(greedy_hello) < text.index(sampled_hi) < text.rindex(greedy_hi)
+    assert "temperature=0.9" in text and "seed=3" in text
+    assert "unknown option 'top_q'. Did you mean 'top_p'?" in text
+
+
+def test_interactive_loop_stops_a_generation_on_ctrl_c_and_goes_on():
+    """SIGINT during a generation (sent from a hook at decode step 3) stops that generation only."""
+    model = make_bridge("llama")
+
+    def interrupt(x, hook):
+        if hook.ctx.phase == "decode" and hook.ctx.step == 3 and torch.all(hook.ctx.positions > 5):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    out = io.StringIO()
+    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", interrupt)]):
+        run_repl(model, {"max_new_tokens": 20, "stop_at_eos": False}, io.StringIO("Hello there\nHi\n"), out)
+    text = out.getvalue()
+    assert "[stopped]" in text
+    rest = text.split("[stopped]", 1)[1]
+    assert model.generate("Hi", max_new_tokens=20, stop_at_eos=False) in rest  # the loop went on
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_parse_setting_uses_the_flags_types():
+    assert parse_setting("top_k 5") == ("top_k", 5)
+    assert parse_setting("top-p=0.5") == ("top_p", 0.5)
+    assert parse_setting("suppress_tokens 3 4") == ("suppress_tokens", [3, 4])
+    assert parse_setting('logit_bias {"3": -1}') == ("logit_bias", {3: -1})
+    assert parse_setting("do_sample false") == ("do_sample", False)
+    assert parse_setting("temperature") == ("temperature", None)
+    with pytest.raises(ValueError, match="`top_k` takes int"):
+        parse_setting("top_k many")
+
+
+@pytest.mark.real
+def test_ctrl_c_in_a_real_subprocess_stops_the_generation_and_the_loop_goes_on():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "transformer_bridge.cli", "generate", "smollm2", "--interactive",
+         "--max-new-tokens", "400", "--no-stop-at-eos"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    try:
+        proc.stdin.write("Once upon a time\n")
+        proc.stdin.flush()
+        time.sleep(20)  # loading, then generating
+        proc.send_signal(signal.SIGINT)
+        time.sleep(2)
+        proc.stdin.write(":options\n:quit\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "[stopped]" in out and "max_new_tokens=400" in out

@@ -179,16 +179,32 @@ def test_the_models_eos_pad_and_max_length_apply_as_in_hf():
     assert out.finish_reasons[0] == "eos" and out.sequences[0, -1].item() == 5
 
 
+def test_processor_fields_of_either_config_are_honoured_as_in_hf():
+    model = make_bridge("llama")
+    tokens = torch.tensor([[1, 5, 6]])
+    free = model.generate(tokens, max_new_tokens=4)
+    banned = free[0, 3:5].tolist()
+    config = GenerationConfig(suppress_tokens=banned)
+    ours = model.generate(tokens, max_new_tokens=4, generation_config=config)
+    assert torch.equal(ours, model.hf_model.generate(tokens, max_new_tokens=4, generation_config=config))
+    assert not set(ours[0, 3:].tolist()) & set(banned)
+    model.hf_model.generation_config.suppress_tokens = banned
+    try:
+        assert torch.equal(model.generate(tokens, max_new_tokens=4), ours)
+    finally:
+        model.hf_model.generation_config.suppress_tokens = None
+
+
 def test_unsupported_config_fields_raise_for_the_callers_config_and_warn_for_the_models():
     model = make_bridge("llama")
-    with pytest.raises(ValueError, match=r"`generation_config.suppress_tokens`=\[3, 4\].*logit_bias"):
-        model.generate(torch.tensor([[1, 5]]), generation_config=GenerationConfig(suppress_tokens=[3, 4]))
-    model.hf_model.generation_config.suppress_tokens = [3]
-    with pytest.warns(UserWarning, match=r"generation_config.suppress_tokens`=\[3\] is ignored") as caught:
+    with pytest.raises(ValueError, match=r"`generation_config.penalty_alpha`=0.6.*contrastive search"):
+        model.generate(torch.tensor([[1, 5]]), generation_config=GenerationConfig(penalty_alpha=0.6, top_k=4))
+    model.hf_model.generation_config.penalty_alpha = 0.6
+    with pytest.warns(UserWarning, match=r"generation_config.penalty_alpha`=0.6 is ignored") as caught:
         model.generate(torch.tensor([[1, 5]]), max_new_tokens=2)
     assert caught[0].filename == __file__
     model.hf_model.generation_config.cache_implementation = "hybrid"  # Gemma2's: a cache choice, tokens unchanged
-    model.hf_model.generation_config.suppress_tokens = None
+    model.hf_model.generation_config.penalty_alpha = None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.generate(torch.tensor([[1, 5]]), max_new_tokens=2)

@@ -28,8 +28,8 @@ from transformer_bridge.generation.processors import (
     MinNewTokens,
     NoRepeatNGram,
     RepetitionPenalty,
-    build_processors,
 )
+from transformer_bridge.generation.sampler import build_processors
 from transformer_bridge.generation.sampling import warp_logits
 
 D_VOCAB = 11
@@ -208,11 +208,12 @@ def test_build_processors_order():
     assert [type(p).__name__ for p in procs] == [
         "LogitBias",
         "RepetitionPenalty",
-        "FrequencyPresencePenalty",
+        "FrequencyPresencePenalty",  # frequency
+        "FrequencyPresencePenalty",  # presence
         "NoRepeatNGram",
         "BadWords",
         "MinNewTokens",
-        "HFProcessor",
+        "HFProcessors",  # the user's list, one entry per processor
     ]
 
 

@@ -27,7 +27,7 @@ from transformers import GenerationConfig
 from ..cache import ActivationCache
 from ..checks import check_int
 from ..core import BridgeCore, Input, NamesFilter
-from . import beams, control, decode, fast, keywords, resolve, speculative, stream
+from . import beams, control, declare, decode, fast, keywords, resolve, speculative, stream
 from . import kv as kvrows
 from .branch import ANY_TOKEN, Branch, View
 from .control import ControllerError
@@ -102,19 +102,32 @@ def generate(
     min_length: int | None = None,
     use_cache: bool | None = None,
     use_past_kv_cache: bool | None = None,
+    logit_bias: Mapping[int, float] | None = None,
+    sequence_bias: Mapping[tuple[int, ...], float] | Sequence | None = None,
+    repetition_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    no_repeat_ngram_size: int | None = None,
+    bad_words_ids: Sequence[Sequence[int]] | None = None,
+    forced_bos_token_id: int | None = None,
+    forced_eos_token_id: int | Sequence[int] | None = None,
+    remove_invalid_values: bool | None = None,
+    exponential_decay_length_penalty: tuple[int, float] | None = None,
+    suppress_tokens: Sequence[int] | None = None,
+    begin_suppress_tokens: Sequence[int] | None = None,
+    logits_processor: Sequence[Callable] | None = None,
+    freq_penalty: float | None = None,
+    renormalize_logits: bool | None = None,
     do_sample: bool | None = None,
     temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
     min_p: float | None = None,
     typical_p: float | None = None,
-    repetition_penalty: float | None = None,
-    frequency_penalty: float | None = None,
-    presence_penalty: float | None = None,
-    freq_penalty: float | None = None,
-    no_repeat_ngram_size: int | None = None,
-    bad_words_ids: Sequence[Sequence[int]] | None = None,
-    logit_bias: Mapping[int, float] | None = None,
+    epsilon_cutoff: float | None = None,
+    eta_cutoff: float | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     stop_at_eos: bool = True,
     pad_token_id: int | None = None,
@@ -122,13 +135,10 @@ def generate(
     tokenizer: Any = None,
     max_time: float | None = None,
     stopping_criteria: Sequence[Callable] | None = None,
-    logits_processor: Sequence[Callable] | None = None,
     num_return_sequences: int | None = None,
     num_beams: int | None = None,
     length_penalty: float | None = None,
     early_stopping: bool | str | None = None,
-    seed: int | None = None,
-    generator: torch.Generator | None = None,
     streamer: Any = None,
     verbose: bool = False,
     return_type: Literal["input", "str", "tokens"] = "input",
@@ -150,115 +160,7 @@ def generate(
     cache_implementation: Literal["dynamic", "static"] = "dynamic",
     compile: bool = False,
 ) -> Any:
-    """Generate up to ``max_new_tokens`` tokens per row with the model's KV cache.
-
-    Hooks registered with ``with model.hooks(...)`` run at the prefill and at every decode step;
-    ``hook.ctx`` says where they are (phase, step, absolute positions per row, padding, generated).
-    Batches are left-padded; every row gives the tokens it would give alone. A row stops at EOS
-    (or a stop string / criterion); it is then frozen to the pad token, and the loop ends when
-    every row has stopped.
-
-    HF's and TransformerLens' habits work unchanged: ``generate(**tokenizer(texts, return_tensors="pt",
-    padding=True), max_length=30)``, ``generation_config=GenerationConfig(...)``, ``output_scores``,
-    ``return_dict_in_generate``, ``use_past_kv_cache``, ``freq_penalty``. Every option a
-    ``GenerationConfig`` holds is resolved as HF resolves it: the keyword, else ``generation_config``'s
-    field, else ``model.hf_model.generation_config``'s, else the default below (a field left at
-    ``None`` does not override). Decoding is greedy unless asked otherwise (HF's default, not
-    TransformerLens' ``do_sample=True``).
-
-    Args:
-        input: text, a list of texts (left-padded for you), token ids ``[batch, pos]``, or a tokenizer's
-            output. Also as HF's ``inputs`` / ``input_ids``; none at all starts from BOS (as HF).
-        max_new_tokens: tokens to generate per row at most (prompt + this must fit the context).
-            Default: the configs', else 20 (fewer if the context ends first).
-        attention_mask: ``[batch, pos]`` with token input: 0 marks padding. Right-padded rows (a
-            tokenizer's default) are moved to left padding, which gives each row its tokens alone.
-        token_type_ids: accepted (and ignored) only when all 0: these models have no segments.
-        generation_config: an HF ``GenerationConfig``; its set fields override the model's, and keywords
-            override it. Fields this loop does not implement raise (the model's own only warn).
-        max_length, min_length: HF's total lengths (the padded prompt counts); ``max_new_tokens`` /
-            ``min_new_tokens`` win over them, with HF's warning.
-        use_cache: ``False`` recomputes the whole sequence at each step (a slow reference).
-            ``use_past_kv_cache`` is TransformerLens' name for it.
-        do_sample: sample instead of taking the argmax. ``None`` (default): sample exactly when a
-            sampling argument (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``,
-            ``freq_penalty``) is given, else as the generation configs say (HF's default: greedy).
-            ``temperature=0`` is always greedy.
-        temperature, top_k, top_p, min_p, typical_p: the warpers, applied in this order after the
-            processors (HF's defaults: temperature 1, and top-k 50 when sampling unless
-            ``top_k`` is given; ``top_k=0`` disables it). See `sample`.
-        repetition_penalty, frequency_penalty, presence_penalty, no_repeat_ngram_size,
-        bad_words_ids, logit_bias, min_new_tokens: logits processors (HF semantics; left padding
-            is never penalised). ``logits_processor``: HF ``LogitsProcessor`` objects (or any
-            ``f(input_ids, scores) -> scores``), run after them.
-        freq_penalty: TransformerLens' penalty when sampling: ``freq_penalty * count`` off each token's
-            temperature-scaled logit, counting the prompt and the generated tokens (padding never).
-        eos_token_id: int or list; default: the model's (generation config, config, tokenizer).
-            ``stop_at_eos=False`` ignores EOS.
-        pad_token_id: fills finished rows; default: the generation config's, else ``model.pad_token_id``.
-        stop_strings: stop a row once its generated text contains one of them (decoded with
-            ``tokenizer``, HF's keyword; default the bridge's).
-        max_time: seconds; rows still running then stop (``finish_reason`` ``"max_time"``).
-        stopping_criteria: HF ``StoppingCriteria`` objects or ``f(input_ids, scores) -> bool[batch]``.
-        num_return_sequences: rows per prompt (beam search: the best beams, at most ``num_beams``).
-        num_beams, length_penalty, early_stopping: beam search, as HF's (``early_stopping`` True,
-            False or ``"never"``).
-        seed, generator: a per-call random source; the global RNG is untouched with either.
-        streamer: an HF streamer (``TextStreamer``): gets the prompt, then each step's tokens.
-        verbose: show a progress bar over decode steps.
-        return_type: ``"input"`` (default): text in → text out (prompt + completion), tokens in →
-            tokens out ``[batch, pos]`` (prompt + generated); or force ``"str"`` / ``"tokens"``.
-        return_dict: return a `GenerationOutput` (sequences, mask, prompt lengths, finish reasons,
-            per-step log-probabilities). ``top_logprobs=k`` adds the ``k`` best alternatives per
-            step, ``output_logits=True`` the raw logits ``[batch, new, d_vocab]``,
-            ``output_scores=True`` HF's ``scores``.
-        return_dict_in_generate: HF's ``return_dict``: the same `GenerationOutput`, with ``scores`` and
-            ``logits`` as HF lays them out (a tuple of ``[batch, d_vocab]`` per step).
-        return_cache: also return an `ActivationCache` of prompt + generated tokens: one extra
-            forward under the active hooks, equal bitwise to ``run_with_cache`` on the output.
-            ``names_filter`` / ``device`` as in `run_with_cache`.
-        prepend_bos: for text input, as in `to_tokens`. ``padding_side``: TransformerLens' keyword,
-            accepted; generation always left-pads.
-        controller: between forwards, decides each row's next tokens: an object with
-            ``mid_process(view) -> list[Branch]`` or a callable ``f(view)`` (or a list, one per prompt);
-            it may mask the sampling, append forced tokens (one forward for all of them), backtrack,
-            fork or stop a row, and read the activations it names in ``reads`` from the same forward.
-            See docs/control.md and `transformer_bridge.grammar`. ``max_steps``: the forwards after the
-            prompt a controlled generation may run (default 4 × ``max_new_tokens``).
-        prompt_lookup_num_tokens: speculative decoding with drafts from the row itself (up to this many
-            tokens that followed the latest earlier occurrence of its last n-gram): one forward verifies
-            them. ``assistant_model`` (a bridge with the same vocabulary) drafts
-            ``num_assistant_tokens`` (default 5) greedy tokens instead. Greedy tokens are the plain
-            loop's; sampling keeps its distribution (the standard acceptance rule). Hooks see the verify
-            chunk (``hook.ctx.kind == "verify"``); rejected drafts leave no trace in the output or the
-            KV cache. See docs/generation.md.
-        cache_implementation: ``"static"`` decodes over a preallocated KV cache, with the host looking at
-            finished rows only every few steps (no sync per step). ``compile=True`` (implies it) also
-            compiles the one-token decode step with ``torch.compile``, once per batch size and cache
-            length bucket, reused across calls; hooks and `steer` interventions run inside it.
-
-    Returns:
-        The output (see ``return_type`` / ``return_dict``), or ``(output, cache)`` with
-        ``return_cache=True``.
-
-    Raises:
-        TypeError, ValueError: before any forward, for any invalid option; the message names the
-            parameter, the value and what is valid (an unknown keyword names the closest valid one; an
-            HF keyword this loop lacks says what to use instead). Wrong types raise `ArgumentTypeError`,
-            which is both. A ``logits_processor`` or ``stopping_criteria`` entry whose output has the
-            wrong type or shape raises at that step.
-
-    Example:
-        >>> text = model.generate("The capital of France is", max_new_tokens=8)
-        >>> out = model.generate(tokens, max_new_tokens=8, temperature=0.7, top_p=0.9, seed=0,
-        ...                      return_dict=True, top_logprobs=5)
-        >>> out.finish_reasons, out.logprobs.shape
-        >>> out = model.generate(**tokenizer(texts, return_tensors="pt", padding=True), max_new_tokens=8,
-        ...                      return_dict_in_generate=True, output_scores=True)
-        >>> with model.hooks(fwd_hooks=[("blocks.3.hook_resid_post", steer)]):
-        ...     tokens, cache = model.generate(tokens, max_new_tokens=8, return_cache=True,
-        ...                                    names_filter=["blocks.3.hook_resid_post"])
-    """
+    # The docstring is `_GENERATE_DOC` with the Args of `declare.OPTIONS` (below the function).
     request = resolve.prepare(model, locals())  # every argument above, by name
     p, tokens, mask = request.plan, request.tokens, request.mask
     n = p.search.num_return_sequences
@@ -301,22 +203,48 @@ def generate(
     return (result, cache) if request.return_cache else result
 
 
-# `generate` options that make no sense for a stream, and what to do instead.
-_NOT_STREAMED = {
-    **{name: "a stream yields tokens, not records; call `generate(..., return_dict=True)` for them."
-       for name in ("return_dict", "return_dict_in_generate", "top_logprobs", "output_logits", "output_scores")},
-    **{name: "call `generate(..., return_cache=True)` for the cache of a generation."
-       for name in ("return_cache", "names_filter", "device")},
-    **{name: "beam search cannot stream (the best beam is known only at the end); call `generate`."
-       for name in ("num_beams", "length_penalty", "early_stopping")},
-    "streamer": "`generate_stream` is the stream; for an HF streamer, call `generate(..., streamer=...)`.",
-    **{name: "a controller may backtrack tokens a stream has already yielded; call `generate(..., controller=...)`."
-       for name in ("controller", "max_steps")},
-    **{name: "speculative decoding runs in `generate`; call `generate(..., prompt_lookup_num_tokens=k)`."
-       for name in ("prompt_lookup_num_tokens", "assistant_model", "num_assistant_tokens")},
-    **{name: "the static-cache (compiled) loop runs in `generate`; call `generate(..., compile=True)`."
-       for name in ("cache_implementation", "compile")},
-}  # fmt: skip
+_GENERATE_DOC = """Generate up to ``max_new_tokens`` tokens per row with the model's KV cache.
+
+Hooks registered with ``with model.hooks(...)`` run at the prefill and at every decode step; ``hook.ctx`` says
+where they are (phase, step, absolute positions per row, padding, generated). Batches are left-padded; every row
+gives the tokens it would give alone. A row stops at EOS (or a stop string / criterion); it is then frozen to the
+pad token, and the loop ends when every row has stopped.
+
+HF's and TransformerLens' habits work unchanged: ``generate(**tokenizer(texts, return_tensors="pt",
+padding=True), max_length=30)``, ``generation_config=GenerationConfig(...)``, ``output_scores``,
+``return_dict_in_generate``, ``use_past_kv_cache``, ``freq_penalty``. Every option a ``GenerationConfig`` holds is
+resolved as HF resolves it: the keyword, else ``generation_config``'s field, else
+``model.hf_model.generation_config``'s, else the default (a field left at ``None`` does not override). Decoding is
+greedy unless asked otherwise (HF's default, not TransformerLens' ``do_sample=True``). The logits processors run
+in HF's order, then the warpers when sampling; one chooser serves every loop (docs/generation.md has the table
+of options, their sources and the loops that honour them).
+
+Args:
+{args}
+
+Returns:
+    The output (see ``return_type`` / ``return_dict``), or ``(output, cache)`` with ``return_cache=True``.
+
+Raises:
+    TypeError, ValueError: before any forward, for any invalid option; the message names the parameter, the
+        value and what is valid (an unknown keyword names the closest valid one; an HF keyword this loop lacks
+        says what to use instead). Wrong types raise `ArgumentTypeError`, which is both. A ``logits_processor``
+        or ``stopping_criteria`` entry whose output has the wrong type or shape raises at that step.
+
+Example:
+    >>> text = model.generate("The capital of France is", max_new_tokens=8)
+    >>> out = model.generate(tokens, max_new_tokens=8, temperature=0.7, top_p=0.9, seed=0,
+    ...                      return_dict=True, top_logprobs=5)
+    >>> out.finish_reasons, out.logprobs.shape
+    >>> out = model.generate(**tokenizer(texts, return_tensors="pt", padding=True), max_new_tokens=8,
+    ...                      return_dict_in_generate=True, output_scores=True)
+    >>> with model.hooks(fwd_hooks=[("blocks.3.hook_resid_post", steer)]):
+    ...     tokens, cache = model.generate(tokens, max_new_tokens=8, return_cache=True,
+    ...                                    names_filter=["blocks.3.hook_resid_post"])
+"""
+generate.__doc__ = _GENERATE_DOC.format(args=declare.render_args())
+# What `generate_stream` refuses, and what to do instead: the options whose declared paths lack "stream".
+_NOT_STREAMED = declare.not_streamed()
 _SIGNATURE = inspect.signature(generate).parameters
 _STREAM_DEFAULTS = {
     name: param.default

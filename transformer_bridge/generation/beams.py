@@ -1,4 +1,8 @@
-"""Beam search: HF's vectorised algorithm (transformers 5.x ``_beam_search``) step for step, over our KV cache.
+"""Beam search: HF's vectorised algorithm (transformers 5.x ``_beam_search``) step for step, over the shared KV cache.
+
+The cache is the plain loop's (`kv.make_kv`, forwards through `kv.run_chunk`); reordering the beams is
+`KVRows.select`. The choice is the request's `Sampler`: its processors and warpers, and `Sampler.continuations`
+for the top continuations over all beams.
 
 Each prompt is expanded to ``num_beams`` rows before the prefill, as HF does, so the logits and
 therefore the beams equal HF's. Per step: log-softmax → processors (→ warpers when sampling) → add
@@ -18,15 +22,15 @@ from typing import Any
 import torch
 from jaxtyping import Int
 from torch import Tensor
-from transformers import DynamicCache
 
 from ..core import BridgeCore
+from ..hook_points import HookContext
 from ..versions import BEAM_SAMPLES_SORTED
 from .beam_control import BeamControl
 from .control import own_copy
-from .decode import Plan, decode_full, decode_one_token, prefill
+from .decode import Plan, decode_full, prefill
+from .kv import make_kv, run_chunk
 from .outputs import FINISH_REASONS, GenerationOutput
-from .sampling import warp_logits
 from .stopping import MAX_TIME
 
 NEG = -1.0e9  # HF's "impossible" score: large and finite, so sums stay ordered
@@ -84,35 +88,33 @@ def _search(
     finished_lp = running_lp.clone()
     finished_reason = torch.zeros(batch, nb, dtype=torch.long, device=dev)
 
-    cache = DynamicCache(config=model.hf_model.config) if p.use_cache else None
-    s = p.sampling
-    logits = prefill(model, flat_tokens, flat_mask, prompt_pos, cache, padded)
+    kv = make_kv(model, batch * nb, max_len, static=False) if p.use_cache else None  # the plain loop's cache
+    sampler = p.sampler
+    keep_when_sampling = 1 + max(len(p.eos_token_ids), 1)  # HF's `min_tokens_to_keep` for beam sampling
+    real = flat_mask.bool()
+    ctx = HookContext("prefill", 0, prompt_pos, ~real, torch.zeros_like(real), "prompt")
+    if kv is not None:
+        logits = run_chunk(model, kv, flat_tokens, flat_mask if padded else None, prompt_pos, ctx, 1)[:, -1]
+    else:
+        logits = prefill(model, flat_tokens, flat_mask, prompt_pos, None, padded)
     cur = width
     while True:
         t = cur - width
         raw = logits.float().log_softmax(-1)
         flat_running = running[:, :, :cur].reshape(batch * nb, cur)
-        log_probs = s.processors(flat_running, raw, full_mask[:, :cur]) if s.processors else raw
+        log_probs = sampler.process(flat_running, raw, full_mask[:, :cur])
         if control is not None:
             alive = running_scores.view(-1) > float("-inf")
             allowed, stop = control.allowed(logits, flat_running, full_mask[:, :cur], width, t, alive)
             log_probs = log_probs.masked_fill(~allowed | stop[:, None], float("-inf"))
             stopped = _stopped(stop.view(batch, nb), running, running_scores, running_origin, running_lp,
                                cur - width, p)  # fmt: skip
-        if not s.greedy:
-            log_probs = warp_logits(log_probs, s.temperature, s.top_k, s.top_p, s.min_p, s.typical_p)
+        log_probs = sampler.warp(log_probs, keep=keep_when_sampling)
         vocab = log_probs.shape[-1]
         scores = (log_probs.view(batch, nb, vocab) + running_scores[:, :, None]).view(batch, nb * vocab)
 
-        # Top-K continuations over all beams of a prompt.
-        if s.greedy:
-            top_scores, top_index = torch.topk(scores, k=keep)
-        else:
-            top_index = torch.multinomial(scores.softmax(-1), keep, generator=s.generator)
-            top_scores = scores.gather(1, top_index)
-            if BEAM_SAMPLES_SORTED:  # ranked best first, as HF's beam sampling does on this release
-                top_scores, order = top_scores.sort(dim=-1, descending=True)
-                top_index = top_index.gather(1, order)
+        # Top-K continuations over all beams of a prompt (ranked as HF's beam sampling ranks them on this release).
+        top_scores, top_index = sampler.continuations(scores, keep, ranked=BEAM_SAMPLES_SORTED)
         parent, token = top_index // vocab, top_index % vocab
         top_seq = _gather(running, parent)
         top_seq[:, :, cur] = token
@@ -162,12 +164,12 @@ def _search(
         flat_running = running[:, :, :cur].reshape(batch * nb, cur)
         if control is not None:
             control.reorder(beam_idx, flat_running[:, -1])
-        if cache is not None:
-            cache.reorder_cache(beam_idx)
+        if kv is not None:
+            kv.select(beam_idx)  # the beams that go on, in their new order
             key_mask = full_mask[:, :cur] if padded else None
             real = torch.ones(batch * nb, 1, dtype=torch.bool, device=dev)
-            pos = positions[:, cur - 1 : cur]
-            logits = decode_one_token(model, flat_running[:, -1:], pos, real, key_mask, cache, step=t + 1)
+            ctx = HookContext("decode", t + 1, positions[:, cur - 1 : cur], ~real, real, "sampled")
+            logits = run_chunk(model, kv, flat_running[:, -1:], key_mask, positions[:, cur - 1 : cur], ctx, 1)[:, -1]
         else:
             logits = decode_full(model, flat_running, positions[:, :cur], full_mask[:, :cur], width, padded, t + 1)
 

@@ -51,8 +51,7 @@ from .kv import KVRows
 from .options import Plan
 from .outputs import GenerationOutput
 from .records import RowRecords
-from .sampling import warp_logits
-from .speculative import Assistant, PromptLookup, Widths, verify
+from .speculative import Assistant, PromptLookup, Widths
 
 _QUERY_AXIS_2 = ("hook_pattern", "hook_attn_scores")  # [batch, head, query_pos, key_pos]
 
@@ -66,7 +65,7 @@ def check_controller(controller: Any, batch: int, model: BridgeCore) -> list[Any
 
     A controller with ``bind(model)`` (a grammar: it needs the tokenizer) is replaced by what that returns.
     """
-    if model.adapter.ssm is not None:
+    if model.adapter.has_mixers:  # Mamba; hybrids' state-space and convolution layers
         raise ValueError(
             f"`controller` cannot drive a state-space model ({model.cfg.model_type}): the controlled engine keeps "
             "each row's past as KV entries it rewinds, copies and realigns per row, and a recurrent state has none. "
@@ -246,7 +245,7 @@ class _Driver:
             allowed = check_branch(b, pos - r.prompt_length, lg.shape[-1], where)
             if samples(b):
                 scores = self._processed(r.tokens[:pos], r.prompt_length, lg)
-                token, scores, accepted = verify(scores, drafts[j] if j < m else None, allowed, p.sampling)
+                token, scores, accepted = p.sampler.verify(scores, drafts[j] if j < m else None, allowed)
                 if not accepted:
                     return m - j, _Append([token], lg, scores)
                 if self._accept(r, pos, lg, scores):
@@ -283,19 +282,14 @@ class _Driver:
 
     def _processed(self, tokens: list[int], prompt_length: int, logits: Tensor) -> Tensor:
         """The processors see the row as the plain loop would (`as_plain_row`)."""
-        scores = logits.float()
-        if not self.p.sampling.processors:
-            return scores
+        if not self.p.sampler.processors:
+            return logits.float()
         ids, mask = as_plain_row(tokens, prompt_length, self.p)
-        return self.p.sampling.processors(ids.to(scores.device), scores[None], mask.to(scores.device))[0]
+        return self.p.sampler.process(ids.to(logits.device), logits[None], mask.to(logits.device))[0]
 
     def _free_scores(self, tokens: list[int], prompt_length: int, logits: Tensor) -> Tensor:
         """What the loop would draw from at this position without a mask: a forced token's ``scores``."""
-        s = self.p.sampling
-        scores = self._processed(tokens, prompt_length, logits)
-        if s.greedy:
-            return scores
-        return warp_logits(scores[None], s.temperature, s.top_k, s.top_p, s.min_p, s.typical_p)[0]
+        return self.p.sampler.warp(self._processed(tokens, prompt_length, logits)[None])[0]
 
     def _forced_records(self, chunk: Float[Tensor, "batch chunk d_vocab"]) -> None:
         """Records of forced tokens after the first, from the forward that fed them (logits at t predict t + 1)."""
@@ -385,7 +379,7 @@ class _Driver:
         index = [i for i, _, _ in plan]
         raw = logits[index]
         scores = raw.float()
-        if p.sampling.processors:
+        if p.sampler.processors:
             scores = torch.stack([self._processed(rows[i].tokens, rows[i].prompt_length, s)
                                   for i, s in zip(index, scores, strict=True)])  # fmt: skip
         masks, full = [m for _, _, m in plan], None
@@ -394,7 +388,7 @@ class _Driver:
             for k, m in enumerate(masks):
                 if m is not None:
                     full[k] = m.to(full.device)
-        chosen, scores = p.sampling.pick(scores, full)
+        chosen, scores = p.sampler.pick(scores, full)
         logprobs = raw.float().log_softmax(-1) if p.records.on else None
         for k, ((i, b, _), t) in enumerate(zip(plan, chosen.tolist(), strict=True)):
             r = rows[i]

@@ -1,5 +1,5 @@
 """The tensor driver: `decode_steps` (the plain decode loop, a generator that `generate` drains and
-`generate_stream` iterates), its pieces `prefill` / `decode_one_token` / `decode_full`, and the
+`generate_stream` iterates), its pieces `prefill` / `decode_full`, and the
 `return_cache` recompute.
 
 Read it top to bottom. Options are resolved once into a `Plan` (`options.plan`, which raises every
@@ -47,24 +47,11 @@ def prefill(
     cache: DynamicCache | None,
     padded: bool,
 ) -> Float[Tensor, "batch d_vocab"]:
-    """Run the prompt (filling ``cache``); return the logits for the first new token."""
+    """Run the prompt (filling ``cache``; None: HF generate's ``use_cache=False``); the logits for the first new
+    token."""
     real = mask.bool()
     ctx = HookContext("prefill", 0, positions, ~real, torch.zeros_like(real), "prompt")
     return _last_logits(model, tokens, mask if padded else None, ctx, cache, positions)
-
-
-def decode_one_token(
-    model: BridgeCore,
-    token: Int[Tensor, "batch 1"],
-    position: Int[Tensor, "batch 1"],
-    real: Bool[Tensor, "batch 1"],
-    mask: Int[Tensor, "batch key_pos"] | None,
-    cache: DynamicCache,
-    step: int,
-) -> Float[Tensor, "batch d_vocab"]:
-    """Feed one token per row through the KV cache; ``mask`` covers cached + new positions."""
-    ctx = HookContext("decode", step, position, ~real, real, "sampled")
-    return _last_logits(model, token, mask, ctx, cache, position)
 
 
 def decode_full(
@@ -95,7 +82,7 @@ def next_token(
     Returns the token and the scores it was chosen from (HF's ``scores``: processed, and warped when
     sampling), which the stopping criteria and ``output_scores`` see.
     """
-    return p.sampling.choose(logits, tokens, mask)
+    return p.sampler.choose(logits, tokens, mask)
 
 
 def generate(

@@ -171,7 +171,7 @@ def check(model: BridgeCore, cache_implementation: Any, compile: Any, p: Plan) -
         return False
     which = "compile=True" if compile else "cache_implementation='static'"
     clash = [name for name, on in (("num_beams > 1", p.search.num_beams > 1), ("use_cache=False", not p.use_cache),
-                                   ("a state-space model", model.adapter.ssm is not None)) if on]  # fmt: skip
+                                   ("a state-space model", model.adapter.has_mixers)) if on]  # fmt: skip
     if clash:
         raise ValueError(f"`{which}` (a static KV cache) cannot be combined with {clash[0]}; drop one of them.")
     kind = type(model.hf_model).__name__

@@ -14,61 +14,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..checks import ArgumentTypeError, check_bool, check_int, describe, is_int, is_real
 from ..core import BridgeCore
-from .processors import FrequencyPresencePenalty, ProcessorList, build_processors
-from .sampling import draw, validate_sampling_args, warp_logits
+from .sampler import Sampler, build_sampler
+from .sampling import validate_sampling_args
 from .stopping import Stopping
 
-SAMPLING_ARGS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "freq_penalty")
-# `generate` options that are `build_processors`' arguments under the same names.
-PROCESSOR_OPTIONS = ("logit_bias", "repetition_penalty", "frequency_penalty", "presence_penalty",
-                     "no_repeat_ngram_size", "bad_words_ids", "min_new_tokens", "logits_processor")  # fmt: skip
+WARPERS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
+SAMPLING_ARGS = (*WARPERS, "freq_penalty")
 HF_DEFAULT_TOP_K = 50  # HF's GenerationConfig applies top-k 50 when sampling unless told otherwise.
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes a uint64
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How a token is chosen: processors → temperature → top-k → top-p → min-p → typical-p → draw (or argmax)."""
-
-    greedy: bool
-    temperature: float
-    top_k: int | None
-    top_p: float | None
-    min_p: float | None
-    typical_p: float | None
-    generator: torch.Generator | None
-    processors: ProcessorList
-
-    def choose(
-        self, logits: Float[Tensor, "batch d_vocab"], tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"],
-        allowed: Bool[Tensor, "batch d_vocab"] | None = None,
-    ) -> tuple[Int[Tensor, " batch"], Float[Tensor, "batch d_vocab"]]:  # fmt: skip
-        """The token of each row and the scores it was chosen from (HF's ``scores``: processed, masked to
-        ``allowed``, and warped when sampling).
-
-        Example:
-            >>> token, scores = plan.sampling.choose(logits, tokens, mask)
-        """
-        scores = logits.float()
-        if self.processors:
-            scores = self.processors(tokens, scores, mask)
-        return self.pick(scores, allowed)
-
-    def pick(
-        self, scores: Float[Tensor, "batch d_vocab"], allowed: Bool[Tensor, "batch d_vocab"] | None = None
-    ) -> tuple[Int[Tensor, " batch"], Float[Tensor, "batch d_vocab"]]:
-        """`choose` after the processors: mask → warpers → draw (or argmax)."""
-        if allowed is not None:
-            scores = scores.masked_fill(~allowed, -math.inf)
-        if self.greedy:
-            return scores.argmax(-1), scores
-        scores = warp_logits(scores, self.temperature, self.top_k, self.top_p, self.min_p, self.typical_p)
-        return draw(scores, self.generator), scores
 
 
 @dataclass(frozen=True)
@@ -99,7 +56,7 @@ class Plan:
     use_cache: bool
     pad_token_id: int
     eos_token_ids: list[int]
-    sampling: Sampling
+    sampler: Sampler
     stopping: Stopping
     search: Search
     records: Records
@@ -151,21 +108,18 @@ def plan(model: BridgeCore, prompt_width: int, o: Mapping[str, Any]) -> Plan:
     stop_strings = _stop_strings(o["stop_strings"], tokenizer)
     criteria = _criteria(o["stopping_criteria"])
     stopping = Stopping(eos, prompt_width, stop_strings, tokenizer, criteria, _max_time(o["max_time"]), start)
-    processors = build_processors(
-        prompt_length=prompt_width, d_vocab=d_vocab, eos_token_id=eos or None,
-        **{name: o[name] for name in PROCESSOR_OPTIONS},
-    )  # fmt: skip
-    if freq_penalty:
-        # TransformerLens subtracts `freq_penalty * count` after dividing by the temperature; subtracting
-        # `freq_penalty * temperature * count` before it is the same, and keeps the warpers pure.
-        processors.append(FrequencyPresencePenalty(freq_penalty * warpers["temperature"], 0.0, prompt_length=0))
     generator = _generator(o["seed"], o["generator"], model.device)
+    sampler = build_sampler(
+        prompt_width=prompt_width, max_new_tokens=max_new_tokens, eos_token_ids=eos, d_vocab=d_vocab,
+        device=model.device, options={**o, "freq_penalty": freq_penalty}, greedy=greedy, warpers=warpers,
+        generator=generator,
+    )  # fmt: skip
     return Plan(
         max_new_tokens=max_new_tokens,
         use_cache=o["use_cache"],
         pad_token_id=pad,
         eos_token_ids=eos,
-        sampling=Sampling(greedy, **warpers, generator=generator, processors=processors),
+        sampler=sampler,
         stopping=stopping,
         search=Search(num_beams, num_return_sequences, float(length_penalty), early_stopping),
         records=records,
@@ -192,7 +146,7 @@ def _sampling(o: Mapping[str, Any]) -> tuple[bool, dict[str, Any], float]:
     do_sample = o["do_sample"]
     check_bool("do_sample", do_sample)
     given = {k: o[k] for k in SAMPLING_ARGS if o[k] is not None}
-    temperature, top_k, top_p, min_p, typical_p, freq_penalty = (o[k] for k in SAMPLING_ARGS)
+    temperature, top_k, freq_penalty = o["temperature"], o["top_k"], o["freq_penalty"]
     if not do_sample and given:
         warnings.warn(
             f"`do_sample=False` decodes greedily, so {sorted(given)} have no effect. Drop `do_sample` (it then "
@@ -210,14 +164,10 @@ def _sampling(o: Mapping[str, Any]) -> tuple[bool, dict[str, Any], float]:
     temperature = 1.0 if temperature is None else temperature
     if do_sample and top_k is None:
         top_k = HF_DEFAULT_TOP_K
-    validate_sampling_args(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p)
-    warpers = dict(
-        temperature=float(temperature),
-        top_k=None if top_k is None else int(top_k),
-        top_p=None if top_p is None else float(top_p),
-        min_p=None if min_p is None else float(min_p),
-        typical_p=None if typical_p is None else float(typical_p),
-    )
+    values = {**{k: o[k] for k in WARPERS}, "temperature": temperature, "top_k": top_k}
+    validate_sampling_args(**values)
+    kinds = {"temperature": float, "top_k": int}
+    warpers = {k: None if v is None else kinds.get(k, float)(v) for k, v in values.items()}
     greedy = not do_sample or temperature == 0
     return greedy, warpers, 0.0 if greedy or freq_penalty is None else float(freq_penalty)
 

@@ -7,15 +7,14 @@ Positions where ``mask`` is 0 are invisible to every processor here, so left pad
 banned or counted. ``mask=None`` means every position is real, which is HF's behaviour. Processors never
 modify their inputs in place.
 
-:func:`build_processors` turns ``generate`` keyword arguments into a :class:`ProcessorList` in HF's order
-(``_get_logits_processor``): logit bias → repetition penalty → frequency/presence penalty → no-repeat n-gram →
-bad words → min new tokens → the user's own HF ``LogitsProcessor`` objects. The warpers of ``sampling.py``
-(temperature, top-k, top-p, min-p, typical-p) come after the whole list.
+:func:`sampler.build_processors` turns ``generate`` keyword arguments into a :class:`ProcessorList` in HF's
+order (``_get_logits_processor``, declared in `declare.OPTIONS`); HF's own processor classes serve the options
+they name (``hf_processors.py``). The warpers of ``sampling.py`` come after the whole list.
 
 Example::
 
     >>> import torch
-    >>> from transformer_bridge.generation.processors import build_processors
+    >>> from transformer_bridge.generation.sampler import build_processors
     >>> processors = build_processors(prompt_length=3, repetition_penalty=2.0, logit_bias={4: -1.0})
     >>> input_ids = torch.tensor([[0, 1, 2], [0, 2, 3]])   # row 1 is left-padded with token 0
     >>> mask = torch.tensor([[1, 1, 1], [0, 1, 1]])
@@ -40,12 +39,14 @@ __all__ = [
     "LogitBias",
     "MinNewTokens",
     "NoRepeatNGram",
+    "Processor",
     "ProcessorList",
     "RepetitionPenalty",
-    "build_processors",
 ]
 
 Mask = Bool[Tensor, "batch pos"] | Int[Tensor, "batch pos"]
+# ``processor(input_ids, scores, mask=None) -> scores``
+Processor = Callable[..., Tensor]
 
 
 class RepetitionPenalty:
@@ -100,7 +101,7 @@ class FrequencyPresencePenalty:
                 raise error(
                     f"`{name}` must be a finite float, got {describe(value)}. 0 disables it; OpenAI accepts [-2, 2]."
                 )
-        _check_prompt_length(prompt_length)
+        check_prompt_length(prompt_length)
         self.frequency_penalty = float(frequency_penalty)
         self.presence_penalty = float(presence_penalty)
         self.prompt_length = prompt_length
@@ -308,9 +309,9 @@ class MinNewTokens:
         if not is_int(min_new_tokens) or min_new_tokens < 0:
             error = ValueError if is_int(min_new_tokens) else ArgumentTypeError
             raise error(f"`min_new_tokens` must be an int >= 0, got {describe(min_new_tokens)}.")
-        _check_prompt_length(prompt_length)
+        check_prompt_length(prompt_length)
         self.min_new_tokens = min_new_tokens
-        self.eos_token_ids = _eos_list(eos_token_id, None)
+        self.eos_token_ids = eos_list(eos_token_id, None)
         self.prompt_length = prompt_length
         self._cache: dict[tuple[torch.device, int], Tensor] = {}
 
@@ -345,8 +346,8 @@ class HFProcessor:
         tensor([[0., -inf, 0.]])
     """
 
-    def __init__(self, processor: Callable[[Tensor, Tensor], Tensor], index: int = 0):
-        self.name = f"`logits_processor`[{index}]"
+    def __init__(self, processor: Callable[[Tensor, Tensor], Tensor], index: int = 0, name: str | None = None):
+        self.name = name or f"`logits_processor`[{index}]"
         if not callable(processor):
             raise ArgumentTypeError(
                 f"{self.name} must be a callable `(input_ids, scores) -> scores`, got {describe(processor)}."
@@ -397,79 +398,21 @@ class ProcessorList(list):
         return scores
 
 
-def build_processors(
-    *,
-    prompt_length: int,
-    d_vocab: int | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    logit_bias: Mapping[int, float] | None = None,
-    repetition_penalty: float | None = None,
-    frequency_penalty: float | None = None,
-    presence_penalty: float | None = None,
-    no_repeat_ngram_size: int | None = None,
-    bad_words_ids: Sequence[Sequence[int]] | None = None,
-    min_new_tokens: int | None = None,
-    logits_processor: Sequence[Callable[[Tensor, Tensor], Tensor]] | None = None,
-) -> ProcessorList:
-    """Validate ``generate``'s processing arguments once and return the processors they ask for, in HF order.
+class HFProcessors(ProcessorList):
+    """The user's ``logits_processor`` list (HF ``LogitsProcessor`` objects or callables), each checked per step."""
 
-    ``prompt_length`` is the padded prompt width (columns ``>= prompt_length`` of ``input_ids`` are
-    generated). ``d_vocab`` (the logits width), when given, lets token ids be range-checked here rather than
-    at the first step. Arguments at their neutral value (``None``, ``repetition_penalty=1.0``, zero
-    penalties, sizes and counts of 0, empty lists) add nothing. ``min_new_tokens`` without ``eos_token_id``
-    adds nothing either: a model without EOS never stops early. ``logits_processor`` (an HF
-    ``LogitsProcessorList`` or a list of callables) runs last, as in HF, and sees padded ``input_ids``.
-    Invalid values raise ``ValueError`` naming the parameter.
-
-    Example::
-
-        >>> import torch
-        >>> procs = build_processors(prompt_length=2, eos_token_id=0, min_new_tokens=1, bad_words_ids=[[2]])
-        >>> [type(p).__name__ for p in procs]
-        ['BadWords', 'MinNewTokens']
-        >>> procs(torch.tensor([[1, 1]]), torch.zeros(1, 3))
-        tensor([[-inf, 0., -inf]])
-    """
-    _check_prompt_length(prompt_length)
-    if d_vocab is not None and (not is_int(d_vocab) or d_vocab <= 0):
-        raise ValueError(f"`d_vocab` must be None or an int > 0 (the logits width), got {d_vocab!r}.")
-    eos = None if eos_token_id is None else _eos_list(eos_token_id, d_vocab)
-
-    processors = ProcessorList()
-    if logit_bias:
-        processors.append(LogitBias(logit_bias, d_vocab))
-    if repetition_penalty is not None:
-        penalty = RepetitionPenalty(repetition_penalty)
-        if penalty.penalty != 1.0:
-            processors.append(penalty)
-    if frequency_penalty is not None or presence_penalty is not None:
-        penalties = FrequencyPresencePenalty(frequency_penalty or 0.0, presence_penalty or 0.0, prompt_length)
-        if penalties.frequency_penalty or penalties.presence_penalty:
-            processors.append(penalties)
-    if no_repeat_ngram_size is not None:
-        if not is_int(no_repeat_ngram_size) or no_repeat_ngram_size < 0:
-            error = ValueError if is_int(no_repeat_ngram_size) else ArgumentTypeError
-            raise error(
-                f"`no_repeat_ngram_size` must be None or an int >= 0, got {describe(no_repeat_ngram_size)} "
-                "(0 disables it)."
-            )
-        if no_repeat_ngram_size > 0:
-            processors.append(NoRepeatNGram(no_repeat_ngram_size))
-    if bad_words_ids is not None and (not isinstance(bad_words_ids, Sequence) or len(bad_words_ids) > 0):
-        processors.append(BadWords(bad_words_ids, d_vocab))
-    if min_new_tokens is not None:
-        steps = MinNewTokens(min_new_tokens, eos if eos is not None else [], prompt_length)
-        if steps.min_new_tokens > 0 and eos:
-            processors.append(steps)
-    if logits_processor is not None:
+    @classmethod
+    def of(cls, logits_processor: object) -> "HFProcessors | None":
+        """The list's processors, or None for an empty or absent list; raises naming ``logits_processor``."""
+        if logits_processor is None:
+            return None
         if not isinstance(logits_processor, Sequence):
             wrap = " Wrap a single processor in a list: `[processor]`." if callable(logits_processor) else ""
             raise ArgumentTypeError(
                 f"`logits_processor` must be a list (or HF `LogitsProcessorList`) of processors, "
                 f"got {describe(logits_processor)}.{wrap}"
             )
-        processors.extend(HFProcessor(p, i) for i, p in enumerate(logits_processor))
-    return processors
+        return cls(HFProcessor(p, i) for i, p in enumerate(logits_processor)) or None
 
 
 def _token_counts(
@@ -499,12 +442,12 @@ def _check_token_id(name: str, token: object, d_vocab: int | None) -> None:
         raise error(f"`{name}` token ids must be {allowed}, got {describe(token)}.")
 
 
-def _check_prompt_length(prompt_length: object) -> None:
+def check_prompt_length(prompt_length: object) -> None:
     if not is_int(prompt_length) or prompt_length < 0:
         raise ValueError(f"`prompt_length` must be an int >= 0 (the padded prompt width), got {prompt_length!r}.")
 
 
-def _eos_list(eos_token_id: int | Sequence[int], d_vocab: int | None) -> list[int]:
+def eos_list(eos_token_id: int | Sequence[int], d_vocab: int | None) -> list[int]:
     ids = [eos_token_id] if is_int(eos_token_id) else eos_token_id
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
         raise ArgumentTypeError(f"`eos_token_id` must be an int or a list of ints, got {describe(eos_token_id)}.")

@@ -38,10 +38,10 @@ from ..checks import ArgumentTypeError, check_bool, check_device, check_int, des
 from ..core import BridgeCore
 from ..inputs import hf_generate_mask
 from . import options
+from .declare import BY_NAME, CONFIG_FIELDS
 from .keywords import UNSUPPORTED, is_number_or_flag
-from .options import Plan
+from .options import WARPERS, Plan
 
-WARPERS = ("temperature", "top_k", "top_p", "min_p", "typical_p")
 DEFAULT_MAX_NEW_TOKENS = 20  # HF's default `max_length` of 20 counts new tokens when nothing is set
 # Config fields HF's `generate` reads only to pick a cache (Gemma2's config names one); ours is always a
 # `DynamicCache`, and the tokens are the same.
@@ -95,12 +95,6 @@ class Settings:
     def by_user(self, name: str, value: Any) -> bool:
         """Whether the caller set it: the keyword, or the ``generation_config`` they passed."""
         return value is not None or (self.user is not None and getattr(self.user, name, None) is not None)
-
-
-# Options a generation config can set, resolved as HF does (keyword, else the configs, else this default).
-CONFIGURABLE = {"repetition_penalty": None, "no_repeat_ngram_size": None, "bad_words_ids": None, "stop_strings": None,
-                "max_time": None, "num_return_sequences": 1, "num_beams": 1, "length_penalty": 1.0,
-                "early_stopping": False}  # fmt: skip
 
 
 def prepare(model: BridgeCore, a: Mapping[str, Any]) -> Request:
@@ -160,7 +154,7 @@ def prepare(model: BridgeCore, a: Mapping[str, Any]) -> Request:
     outputs = {k: settings(k, v, False) for k, v in outputs.items()}
 
     plan = options.plan(model, width, ChainMap({  # what is resolved here, else the argument as given
-        **{name: settings(name, a[name], default) for name, default in CONFIGURABLE.items()},
+        **{name: settings(name, a[name], BY_NAME[name].fallback) for name in CONFIG_FIELDS},
         "max_new_tokens": max_new, "min_new_tokens": min_new, "do_sample": do_sample, **warpers,
         "use_cache": settings("use_cache", use_cache if use_cache is not None else tl_use_cache, True),
         "eos_token_id": _user_eos(settings, a["eos_token_id"]),

@@ -4,7 +4,7 @@ Two drafters: `PromptLookup` (``prompt_lookup_num_tokens=k``: the k tokens that 
 occurrence of the row's last n-gram, no second model) and `Assistant` (``assistant_model=draft,
 num_assistant_tokens=k``: the draft bridge's greedy continuation, from a KV cache of its own kept across
 rounds). Both drafts are single proposals (a
-one-hot draft distribution q), so the standard acceptance rule (`verify`) is simple and exact:
+one-hot draft distribution q), so the standard acceptance rule (`Sampler.verify`) is simple and exact:
 
 * greedy: keep a draft token while it equals the model's argmax at its position; the first disagreement
   is replaced by the model's argmax. The tokens are the non-speculative tokens (up to how the verify
@@ -27,15 +27,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-from jaxtyping import Bool, Float
-from torch import Tensor
-
 from ..checks import check_int
 from ..core import BridgeCore
 from .engine import Engine, Row
-from .options import Plan, Sampling
-from .sampling import draw, warp_logits
+from .options import Plan
 
 
 @dataclass
@@ -228,7 +223,7 @@ def drafter(model: BridgeCore, a: dict[str, Any], p: Plan) -> PromptLookup | Ass
         raise ValueError("`prompt_lookup_num_tokens` and `assistant_model` are two drafters: pass one.")
     which = "prompt_lookup_num_tokens" if lookup is not None else "assistant_model"
     clash = [name for name, on in (("num_beams > 1", p.search.num_beams > 1), ("use_cache=False", not p.use_cache),
-                                   ("a state-space model", model.adapter.ssm is not None)) if on]  # fmt: skip
+                                   ("a state-space model", model.adapter.has_mixers)) if on]  # fmt: skip
     if clash:
         raise ValueError(
             f"`{which}` (speculative decoding) cannot be combined with {clash[0]}: it verifies drafts against a "
@@ -245,34 +240,3 @@ def drafter(model: BridgeCore, a: dict[str, Any], p: Plan) -> PromptLookup | Ass
         )
     k = check_int("num_assistant_tokens", 5 if n_assist is None else n_assist, minimum=1)
     return Assistant(assistant, k)
-
-
-def verify(
-    scores: Float[Tensor, " d_vocab"], draft: int | None, allowed: Bool[Tensor, " d_vocab"] | None, s: Sampling
-) -> tuple[int, Float[Tensor, " d_vocab"], bool]:
-    """The token at one position of a verify chunk, the scores it came from, and whether it is ``draft``.
-
-    ``scores`` are processed (penalties, bans); ``allowed`` is the controller's mask. Greedy: the argmax,
-    accepted when it is the draft. Sampling: the draft with probability ``p(draft)``, else a draw from ``p``
-    without it; with no draft (the bonus position after every draft passed) a plain draw.
-
-    Example:
-        >>> token, scores, accepted = verify(logits.float(), draft=17, allowed=None, s=plan.sampling)
-    """
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed.to(scores.device), -torch.inf)
-    if s.greedy:
-        token = int(scores.argmax(-1))
-        return token, scores, token == draft
-    scores = warp_logits(scores[None], s.temperature, s.top_k, s.top_p, s.min_p, s.typical_p)[0]
-    if draft is None:
-        return int(draw(scores[None], s.generator)[0]), scores, False
-    probs = torch.softmax(scores, dim=-1)
-    u = torch.rand(1, device=probs.device, generator=s.generator)
-    if bool(u < probs[draft]):
-        return draft, scores, True
-    residual = probs.clone()
-    residual[draft] = 0.0
-    if not bool(residual.sum() > 0):  # p is one-hot on the draft (u fell on 1.0's rounding): keep it
-        return draft, scores, True
-    return int(torch.multinomial(residual, 1, generator=s.generator)[0]), scores, False
