@@ -1,0 +1,106 @@
+"""The "ours" side of the TransformerLens-suite port: TransformerLens' import paths answered by transformer-bridge.
+
+Only the import changes: `from transformer_lens.model_bridge import TransformerBridge` gives transformer-bridge's
+class (with `boot_transformers` / `boot_native` building the port's tiny models, as the conftest does on TL's
+side). A TransformerLens module or name transformer-bridge does not offer imports as a stub that fails when
+used, so each test that needs it fails on its own (and is counted) instead of failing the file's collection.
+"""
+
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+
+import transformer_bridge.utils as _utils
+from transformer_bridge import ActivationCache, HookPoint
+from transformer_bridge.compat.factored import FactoredMatrix
+from transformer_bridge.compat.kv_cache import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
+
+from ._bridge import TransformerBridge, TransformerBridgeConfig, TransformerLensConfig, build_bridge_from_module
+
+
+class Missing:
+    """A TransformerLens name transformer-bridge does not offer: fails when used."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> "Missing":
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return Missing(f"{self._name}.{attr}")
+
+    def __call__(self, *args, **kwargs):
+        raise NotImplementedError(f"TransformerLens' {self._name} is not part of transformer-bridge")
+
+    def __mro_entries__(self, bases):
+        message = f"TransformerLens' {self._name} is not part of transformer-bridge"
+
+        def refuse(*args, **kwargs):
+            raise NotImplementedError(message)
+
+        return (type(self._name.rsplit(".", 1)[-1], (), {"__init__": refuse}),)
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return Missing(f"{self.__name__}.{attr}")
+
+
+KNOWN: dict[str, dict] = {}
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path, target=None):
+        if fullname.startswith("transformer_lens.") and fullname not in sys.modules:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _StubModule(spec.name)
+        module.__path__ = []
+        module.__dict__.update(KNOWN.get(spec.name, {}))
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+def _get_pos_offset(past_kv_cache, batch_size=1):
+    from transformer_bridge.compat.kv_cache import get_pos_offset
+
+    return get_pos_offset(past_kv_cache, batch_size)
+
+
+_bridge = {"TransformerBridge": TransformerBridge}
+KNOWN.update({
+    "transformer_lens.model_bridge": _bridge,
+    "transformer_lens.model_bridge.bridge": _bridge,
+    "transformer_lens.model_bridge.transformer_bridge": _bridge,
+    "transformer_lens.model_bridge.sources": {"build_bridge_from_module": build_bridge_from_module},
+    "transformer_lens.model_bridge.sources._bridge_builder": {"build_bridge_from_module": build_bridge_from_module},
+    "transformer_lens.hook_points": {"HookPoint": HookPoint},
+    "transformer_lens.ActivationCache": {"ActivationCache": ActivationCache},
+    "transformer_lens.FactoredMatrix": {"FactoredMatrix": FactoredMatrix},
+    "transformer_lens.cache": {"TransformerLensKeyValueCache": TransformerLensKeyValueCache,
+                               "TransformerLensKeyValueCacheEntry": TransformerLensKeyValueCacheEntry},
+    "transformer_lens.cache.key_value_cache": {"TransformerLensKeyValueCache": TransformerLensKeyValueCache},
+    "transformer_lens.cache.key_value_cache_entry": {
+        "TransformerLensKeyValueCacheEntry": TransformerLensKeyValueCacheEntry},
+    "transformer_lens.config": {"TransformerBridgeConfig": TransformerBridgeConfig,
+                                "TransformerLensConfig": TransformerLensConfig},
+    "transformer_lens.config.transformer_bridge_config": {"TransformerBridgeConfig": TransformerBridgeConfig},
+    "transformer_lens.config.transformer_lens_config": {"TransformerLensConfig": TransformerLensConfig},
+    "transformer_lens.utilities": dict(vars(_utils)),
+    "transformer_lens.utilities.lm_utils": dict(vars(_utils)),
+    "transformer_lens.utilities.cache": {"get_pos_offset": _get_pos_offset},
+})  # fmt: skip
+sys.meta_path.insert(0, _Finder())
+
+utilities = utils = importlib.import_module("transformer_lens.utilities")
+HookedRootModule = Missing("transformer_lens.HookedRootModule")
+HookedTransformer = Missing("transformer_lens.HookedTransformer")
+__all__ = ["ActivationCache", "FactoredMatrix", "HookPoint", "TransformerBridge", "TransformerLensKeyValueCache",
+           "TransformerLensKeyValueCacheEntry", "utilities", "utils"]  # fmt: skip
