@@ -88,6 +88,15 @@ class BridgeConfig:
         value = rule(self, value)
         object.__setattr__(self, name, value)
 
+    def assigned(self) -> dict[str, Any]:
+        """The values of the assignable fields (what a copy of the bridge carries over)."""
+        return {name: getattr(self, name) for name in _ASSIGNABLE}
+
+    def assign(self, values: dict[str, Any]) -> None:
+        """Assign several fields, each checked as ``cfg.<name> = value`` is."""
+        for name, value in values.items():
+            setattr(self, name, value)
+
     @property
     def n_key_value_heads(self) -> int:
         """TransformerLens' name for `n_kv_heads`."""

@@ -109,6 +109,7 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
             for site in sites:
                 site.sync()
         new = type(self)(hf_model, self.tokenizer)
+        new.cfg.assign(self.cfg.assigned())  # the user's cfg settings (default_prepend_bos …) carry over
         for point in self.hook_dict.values():
             for entry in [*point.fwd_hooks, *point.bwd_hooks]:
                 new.add_hook(point.name, entry.fn, entry.dir, entry.permanent, entry.read_only)

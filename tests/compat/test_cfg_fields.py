@@ -2,6 +2,7 @@
 every other assignment raises `ConfigFieldError` naming the field. Each assignable field is checked where it
 is read (to_tokens, forward, generate); every other field is checked to refuse."""
 
+import copy
 import dataclasses
 
 import pytest
@@ -102,3 +103,10 @@ def test_unknown_field_is_refused_with_the_assignable_list(model):
     with pytest.raises(ConfigFieldError, match=r"no field `n_layer`.*default_prepend_bos"):
         model.cfg.n_layer = 3
     assert set(_ASSIGNABLE) | set(READ_ONLY) == {f.name for f in dataclasses.fields(BridgeConfig)}
+
+
+def test_a_copy_keeps_the_assigned_fields(model):
+    model.cfg.default_prepend_bos = False
+    model.cfg.n_ctx = 5
+    twin = copy.deepcopy(model)
+    assert twin.cfg.default_prepend_bos is False and twin.cfg.n_ctx == 5

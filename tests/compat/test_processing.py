@@ -101,6 +101,7 @@ def test_from_pretrained_keywords(tmp_path):
     model = TransformerBridge.from_pretrained(str(tmp_path), fold_ln=True, center_writing_weights=True, **kw)
     assert plain.weight_processing is None
     assert model.weight_processing.applied == ("fold_ln", "center_writing_weights")
+    assert copy.deepcopy(model).weight_processing == model.weight_processing
     torch.testing.assert_close(model(TOKENS), plain(TOKENS), atol=1e-5, rtol=1e-5)
     assert torch.equal(TransformerBridge.from_pretrained_no_processing(str(tmp_path), **kw)(TOKENS), plain(TOKENS))
 

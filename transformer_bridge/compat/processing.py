@@ -242,6 +242,11 @@ class Processing:
 
     weight_processing: WeightProcessing | None = None
 
+    def __deepcopy__(self, memo: dict) -> Any:
+        new = super().__deepcopy__(memo)  # type: ignore[misc]
+        new.weight_processing = self.weight_processing
+        return new
+
     @classmethod
     def from_pretrained(
         cls,
