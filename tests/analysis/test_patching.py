@@ -10,9 +10,10 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import make_bridge
+from conftest import FAMILIES as ALL_FAMILIES
+from conftest import char_tokenizer, make_bridge, make_hf
 
-from transformer_bridge import patching
+from transformer_bridge import TransformerBridge, patching
 from transformer_bridge.cache import ActivationCache
 from transformer_bridge.relevance import attribution_patching
 from transformer_bridge.utils import get_act_name
@@ -109,6 +110,19 @@ def test_batched_sweep_equals_the_serial_loop(setup, sweep):
         assert got.shape[-1] == model.cfg.n_kv_heads  # one result per key-value head (2 of 4 heads in llama)
 
 
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_every_family_resid_pre_and_head_outputs_equal_the_serial_loop(family):
+    """The copies start at the patched block by repeating its inputs along the batch: checked on every family."""
+    model = make_bridge(family)
+    _, cache = model.run_with_cache(CLEAN)
+    for sweep in ("resid_pre", "z_all_pos"):
+        fn, setter, activation, axes = SWEEPS[sweep]
+        if get_act_name(activation, 0) not in model.hook_dict:
+            continue
+        want = serial(model, CORRUPTED, cache, metric, setter, activation, axes)
+        torch.testing.assert_close(fn(model, CORRUPTED, cache, metric).cpu(), want, atol=1e-5, rtol=0)
+
+
 def test_pattern_dest_src_and_every_helpers_equal_the_serial_loop():
     model = make_bridge("llama")
     clean, corrupted = CLEAN[:, :4], CORRUPTED[:, :4]
@@ -136,19 +150,59 @@ def test_many_patches_share_a_forward():
     model = make_bridge("llama")
     _, cache = model.run_with_cache(CLEAN)
     forwards = []
-    with model.hooks(fwd_hooks=[("hook_embed", lambda x, hook: forwards.append(x.shape[0]))]):
+    with model.hooks(fwd_hooks=[("hook_embed", lambda x, hook: forwards.append(x.shape[0]))], read_only=True):
         whole = patching.get_act_patch_resid_pre(model, CORRUPTED, cache, metric)
-        assert forwards == [12]  # 2 layers × 6 positions in one forward
+        assert forwards == [1, 12]  # the unpatched run (the last-position check), then 2 layers × 6 positions at once
         forwards.clear()
         chunked = patching.get_act_patch_resid_pre(model, CORRUPTED, cache, metric, patches_per_forward=5)
-        assert forwards == [5, 5, 2]
+        assert forwards == [1, 5, 5, 2]
         forwards.clear()
         tight = patching.get_act_patch_resid_pre(model, CORRUPTED, cache, metric, memory_budget=1)
-        assert forwards == [1] * 12  # a budget below one sequence still runs, one patch per forward
+        assert forwards == [1] * 13  # a budget below one sequence still runs, one patch per forward
     torch.testing.assert_close(whole, chunked)
     torch.testing.assert_close(whole, tight)
     small, large = (patching.chunk_size(model, 1, 6, memory_budget=b) for b in (1 << 16, 1 << 22))
     assert 1 <= small < large and patching.chunk_size(model, 3, 6, memory_budget=1 << 22) == large // 3
+    assert patching.chunk_size(model, 1, 6, memory_budget=1 << 22, last_logits_only=True) > large
+
+
+def test_copies_start_at_the_patched_block_and_only_needed_logits_are_made():
+    """Without other hooks, the blocks below the patched layer run once on the corrupted batch; a metric that
+    reads only the last position gets that position unembedded. Neither changes a number."""
+    model = make_bridge("llama")
+    _, cache = model.run_with_cache(CLEAN)
+    blocks = model.hf_model.model.layers
+    sizes: dict[int, list[int]] = {0: [], 1: []}
+
+    def record(i):
+        return lambda module, args, out: sizes[i].append((out[0] if isinstance(out, tuple) else out).shape[0])
+
+    handles = [blocks[i].register_forward_hook(record(i)) for i in range(2)]
+    expanded = []
+
+    def last_only(logits):
+        expanded.append(logits.stride(1) == 0)
+        return logits[0, -1, 15] - logits[0, -1, 26]
+
+    try:
+        fast = patching.get_act_patch_resid_pre(model, CORRUPTED, cache, last_only)
+    finally:
+        for h in handles:
+            h.remove()
+    # The unpatched run; the check that the batch may grow between blocks (once per model: the last block's input
+    # doubled); layer 0's 6 patches; layer 1's, for which block 0 ran the corrupted row once.
+    assert sizes[0] == [1, 1, 6, 1] and sizes[1] == [1, 2, 6, 6]
+    assert expanded[-1]  # one position unembedded, shown at every position
+    slow = patching.get_act_patch_resid_pre(model, CORRUPTED, cache, last_only, reuse_corrupted=False)
+    assert not expanded[-1]
+    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=0)
+
+    def all_positions(logits):
+        expanded.append(logits.stride(1) == 0)
+        return logits[0, :, 15].sum()
+
+    patching.get_act_patch_resid_pre(model, CORRUPTED, cache, all_positions)
+    assert not expanded[-1]  # a metric that reads other positions gets them all
 
 
 def test_per_example_metrics_baseline_and_statistics():
@@ -276,21 +330,23 @@ def test_a_training_model_is_refused():
 def test_attribution_patching_is_the_first_order_term_of_the_exact_sweep():
     """A clean cache a small step δ from the corrupted one: the exact patch moves the metric by ∇m·δ + O(δ²), and
     attribution patching estimates ∇m·δ, so their difference shrinks as δ² (100× for δ/10) while the effect shrinks
-    as δ. A large step (a different token) is where the estimate can fail: docs/analysis.md measures it."""
-    model = make_bridge("llama")
+    as δ. A large step (a different token) is where the estimate can fail: docs/analysis.md measures it. In float64,
+    so that rounding does not blur the δ² term."""
+    model = TransformerBridge(make_hf("llama").double(), char_tokenizer())
     _, corrupted_cache = model.run_with_cache(CORRUPTED)
     with torch.no_grad():
         base = metric(model(CORRUPTED))
     errors = []
-    for step in (1e-3, 1e-4):
+    for step in (1e-4, 1e-5):
         gen = torch.Generator().manual_seed(0)
-        nudged = {k: v + step * torch.randn(v.shape, generator=gen) for k, v in corrupted_cache.items()}
+        nudged = {k: v + step * torch.randn(v.shape, generator=gen, dtype=v.dtype) if v.is_floating_point() else v
+                  for k, v in corrupted_cache.items()}  # fmt: skip
         clean_cache = ActivationCache(nudged, model, attention_mask=corrupted_cache.attention_mask)
         exact = patching.get_act_patch_resid_pre(model, CORRUPTED, clean_cache, metric) - base
         estimate = attribution_patching(model, CORRUPTED, CORRUPTED, metric, clean_cache=clean_cache)
         linear = torch.stack([estimate[f"blocks.{layer}.hook_resid_pre"][0] for layer in range(2)])
         errors.append(((linear - exact).abs().max() / exact.abs().max()).item())
-    assert errors[1] < 1e-2 and errors[1] < errors[0] / 5  # relative error ∝ δ: first-order exact
+    assert errors[1] < 3e-3 and errors[0] / 20 < errors[1] < errors[0] / 5  # relative error ∝ δ: first-order exact
 
 
 @pytest.mark.real

@@ -10,7 +10,9 @@ baseline rides along in the first forward as one more copy. The serial loop is t
 (equal within 1e-5 on several families and SmolLM2).
 """
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, overload
 
 import torch
@@ -27,6 +29,7 @@ from ..checks import (
     suggest_keywords,
 )
 from ..core import BridgeCore
+from ..sites import get_module
 from .result import PatchingResult, dataframe, index_rows
 
 try:  # optional: a progress bar with `progress=True`
@@ -41,6 +44,7 @@ REDUCE: tuple[str, ...] = ("scalar", "mean", "none")
 AXES: tuple[str, ...] = ("layer", "pos", "head_index", "head", "src_pos", "dest_pos")
 KV_POINTS = ("k", "v", "rot_k", "key", "value")
 DEFAULT_CPU_BUDGET = 1 << 30
+_GEN = torch.Generator().manual_seed(0)  # the last-position check's random values
 
 
 @overload
@@ -82,6 +86,7 @@ def generic_activation_patch(
     memory_budget: int | None = None,
     attention_mask: Int[Tensor, "batch pos"] | None = None,
     progress: bool = False,
+    reuse_corrupted: bool = True,
 ) -> Tensor | tuple[Tensor, Any] | PatchingResult:
     """Patch the clean activation into the corrupted run at every index and measure ``patching_metric``.
 
@@ -100,6 +105,12 @@ def generic_activation_patch(
     `PatchingResult` for ``reduce="none"``, ``baseline=True`` or a mapping of metrics. The model must be in
     eval mode (dropout would make patches differ by more than the patch). ``corrupted_tokens`` may also be text;
     ``attention_mask`` marks padding of token input (without it every token is real).
+
+    ``reuse_corrupted`` (default) skips work every patched copy would repeat, without changing a number: the
+    blocks below a patched layer compute the corrupted run, so they run once, on the corrupted batch alone,
+    and the copies start at the patched block (patches are grouped by layer; needs no other hook on the
+    model); and when the metric reads only the last position's logits (checked on the unpatched logits: its
+    value does not move when every other position is overwritten, twice), only that position is unembedded.
 
     Example:
         >>> _, clean_cache = model.run_with_cache(clean_tokens)
@@ -128,38 +139,56 @@ def generic_activation_patch(
     clean = {name: _clean(clean_cache, name) for name in dict.fromkeys(points.values())}
     per_example = reduce != "scalar"
     store = torch.zeros((len(metrics), index.shape[0], *((batch,) if per_example else ())), device=model.device)
-    size = chunk_size(model, batch, width, patches_per_forward, memory_budget)
-    starts = range(0, index.shape[0], size)
-    if progress and tqdm is not None:
-        starts = tqdm(starts, desc=f"patching {activation_name}", unit="forward")
     evaluate = _evaluator(metrics, per_example, batch, reduce, store)
-    baseline_values = None
-    for start in starts:
-        cells = index[start : start + size].tolist()
-        extra = baseline and baseline_values is None  # the unpatched run rides along as one more copy
-        copies = len(cells) + extra
+    skip, keep_last, baseline_values = reuse_corrupted and _may_skip_layers(model), False, None
+    if reuse_corrupted or baseline:
+        with torch.no_grad():
+            unpatched = model.forward_tokens(tokens, mask)
+        baseline_values = evaluate(unpatched) if baseline else None
+        keep_last = reuse_corrupted and _reads_last_position_only(metrics, unpatched)
+        skip = skip and _batch_may_grow(model, tokens, mask, unpatched)
+        del unpatched
+    size = chunk_size(model, batch, width, patches_per_forward, memory_budget, keep_last)
+    chunks = _chunks(index, size, skip)
+    if progress and tqdm is not None:
+        chunks = tqdm(chunks, desc=f"patching {activation_name}", unit="forward")
+    blocks = get_module(model.hf_model, model.adapter.blocks)
+    for rows in chunks:
+        cells = index[rows].tolist()
         by_point: dict[str, list[tuple[int, list[int]]]] = {}
         for j, cell in enumerate(cells):
             by_point.setdefault(points[cell[0]], []).append((j, cell))
         hooks = [(name, _patch_hook(todo, clean[name], patch_setter, batch)) for name, todo in by_point.items()]
-        with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-            logits = model.forward_tokens(tokens.repeat(copies, 1), mask.repeat(copies, 1))
-        for j in range(len(cells)):
-            store[:, start + j] = evaluate(logits[j * batch : (j + 1) * batch])
-        if extra:
-            baseline_values = evaluate(logits[len(cells) * batch :])
+        start = cells[0][0] if skip else 0
+        copies = 1 if skip else len(cells)  # with `skip`, the batch is repeated at the patched block
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.no_grad())
+            if skip:
+                stack.enter_context(_copies_from(blocks[start], len(cells), batch))
+            stack.enter_context(model.hooks(fwd_hooks=hooks))
+            logits = model.forward_tokens(tokens.repeat(copies, 1), mask.repeat(copies, 1),
+                                          logits_to_keep=int(keep_last))  # fmt: skip
+        if keep_last:  # the metric reads the last position only: the others need no values (see the check)
+            logits = logits.expand(-1, width, -1)
+        for j, row in enumerate(rows.tolist()):
+            store[:, row] = evaluate(logits[j * batch : (j + 1) * batch])
     return _finish(store, metrics, reduce, baseline_values, axis_names, cell_shape, index, index_names,
                    want_result, return_index_df, isinstance(patching_metric, Mapping))  # fmt: skip
 
 
 def chunk_size(
-    model: BridgeCore, batch: int, width: int, patches_per_forward: int | None = None, memory_budget: int | None = None
+    model: BridgeCore,
+    batch: int,
+    width: int,
+    patches_per_forward: int | None = None,
+    memory_budget: int | None = None,
+    last_logits_only: bool = False,
 ) -> int:
     """How many patched copies of a ``[batch, width]`` corrupted batch run in one forward.
 
     ``patches_per_forward`` when given; else what fits ``memory_budget`` bytes (default: 1 GiB on CPU, half the
-    free memory of an accelerator), estimated per sequence as its logits plus one layer's activations (no
-    autograd graph is kept, so layers do not accumulate).
+    free memory of an accelerator), estimated per sequence as its logits (one position with
+    ``last_logits_only``) plus one layer's activations (no autograd graph is kept, so layers do not accumulate).
 
     Example:
         >>> chunk_size(model, batch=1, width=9, memory_budget=512 << 20)
@@ -175,9 +204,94 @@ def chunk_size(
     memory_budget = check_int("memory_budget", memory_budget, minimum=1, hint="It is a number of bytes.")
     c = model.cfg
     elem = torch.finfo(c.dtype).bits // 8 if c.dtype.is_floating_point else 4
-    per_seq = width * (c.d_vocab * max(elem, 4) + (8 * c.d_model + 3 * (c.d_mlp or 4 * c.d_model)) * elem)
+    logits = (1 if last_logits_only else width) * c.d_vocab * max(elem, 4)
+    per_seq = logits + width * (8 * c.d_model + 3 * (c.d_mlp or 4 * c.d_model)) * elem
     per_seq += 2 * c.n_heads * width * width * elem
     return max(1, memory_budget // (per_seq * batch))
+
+
+def _chunks(index: Tensor, size: int, by_layer: bool) -> list[Tensor]:
+    """Row numbers of ``index`` in forwards of at most ``size`` patches; ``by_layer``: one layer per forward."""
+    if not by_layer:
+        return list(torch.arange(index.shape[0]).split(size))
+    out = []
+    for layer in index[:, 0].unique().tolist():
+        out += list((index[:, 0] == layer).nonzero().reshape(-1).split(size))
+    return out
+
+
+def _may_skip_layers(model: BridgeCore) -> bool:
+    """Whether patched copies may start at the patched block: attention blocks, and no other hook on the model (a
+    hook below the patched block would see the corrupted batch once, not once per copy)."""
+    hooked = any(point.fwd_hooks or point.bwd_hooks for point in model.hook_dict.values())
+    return model.adapter.ssm is None and not hooked
+
+
+_GROWS: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
+
+
+def _batch_may_grow(model: BridgeCore, tokens: Tensor, mask: Tensor, logits: Tensor) -> bool:
+    """Whether this model's code lets the batch grow between blocks (GPT-BigCode reshapes its output to the input's
+    batch, for one): the unpatched forward with its last block's input doubled must give the logits twice. Checked
+    once per model."""
+    known = _GROWS.get(model.hf_model)
+    if known is None:
+        last = get_module(model.hf_model, model.adapter.blocks)[model.cfg.n_layers - 1]
+        try:
+            with torch.no_grad(), _copies_from(last, 2, tokens.shape[0]):
+                twice = model.forward_tokens(tokens, mask)
+            known = twice.shape[0] == 2 * logits.shape[0] and bool(
+                torch.allclose(twice, logits.repeat(2, *([1] * (logits.dim() - 1))), atol=1e-4, rtol=1e-4)
+            )
+        except (RuntimeError, ValueError, IndexError):
+            known = False
+        _GROWS[model.hf_model] = known
+    return known
+
+
+@contextlib.contextmanager
+def _copies_from(block: torch.nn.Module, copies: int, batch: int) -> Iterator[None]:
+    """Repeat the input of ``block`` (and every tensor argument with the batch on axis 0) ``copies`` times along
+    the batch: the blocks below ran once on the corrupted batch, identical for every copy."""
+
+    def repeat(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        def grow(x: Any) -> Any:
+            if isinstance(x, tuple):  # (cos, sin) position embeddings
+                return tuple(grow(t) for t in x)
+            if isinstance(x, Tensor) and x.dim() > 1 and x.shape[0] == batch:  # [batch, ...]; not cache_position
+                return x.repeat(copies, *([1] * (x.dim() - 1)))
+            return x
+
+        return tuple(grow(a) for a in args), {k: grow(v) for k, v in kwargs.items()}
+
+    handle = block.register_forward_pre_hook(repeat, with_kwargs=True, prepend=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _reads_last_position_only(metrics: dict[str, MetricFn], logits: Tensor) -> bool:
+    """Whether every metric's value on ``logits`` stays bitwise the same when all positions but the last are
+    overwritten (with NaN, then with large random values): then it does not read them."""
+    if logits.shape[1] < 2:
+        return False
+    want = [_value(fn(logits)) for fn in metrics.values()]
+    for fill in (float("nan"), None):
+        probe = logits.clone()
+        probe[:, :-1] = fill if fill is not None else 1e4 * torch.randn(probe[:, :-1].shape, generator=_GEN)
+        try:
+            got = [_value(fn(probe)) for fn in metrics.values()]
+        except Exception:  # a metric that fails on odd values reads them
+            return False
+        if not all(a is not None and b is not None and torch.equal(a, b) for a, b in zip(want, got, strict=True)):
+            return False
+    return True
+
+
+def _value(out: Any) -> Tensor | None:
+    out = out.detach() if isinstance(out, Tensor) else torch.as_tensor(out)
+    return out if bool(torch.isfinite(out).all()) else None
 
 
 def _patch_hook(todo: list[tuple[int, list[int]]], clean: Tensor, setter: PatchSetter, batch: int) -> Callable:
