@@ -92,11 +92,22 @@ CONFIGS = {
     "gpt_neo": lambda: GPTNeoConfig(**_COMMON, hidden_size=D, intermediate_size=M, num_layers=L, num_heads=H,
                                     attention_types=[[["local", "global"], 1]], window_size=4,
                                     max_position_embeddings=128),
+    # Known layouts under other names (#22). Ministral 3: the query scale changes at position 4; Cohere 2: layer 0
+    # a 4-token window with RoPE, layer 1 global without positions.
+    "ministral3": lambda: _auto("ministral3", head_dim=8, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "llama_4_scaling_beta": 0.5,
+        "original_max_position_embeddings": 4}),
+    "cohere2": lambda: _auto("cohere2", logit_scale=0.5, sliding_window=4,
+                             layer_types=["sliding_attention", "full_attention"]),
+    "jais2": lambda: _auto("jais2"),
 }  # fmt: skip
 # Mixture-of-experts families of #12: 4 experts, top-2, the eager experts loop (the default kernel,
 # grouped_mm, needs 16-byte rows: tests/test_moe.py runs it at width 36). Qwen2-MoE: a shared expert (width
 # 41) and top-k weights not renormalised.
 _E = dict(num_experts=4, num_experts_per_tok=2, experts_implementation="eager")
+_GLM4_MOE = dict(n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=M,
+                 first_k_dense_replace=1, n_shared_experts=1, use_qk_norm=True, head_dim=8,
+                 experts_implementation="eager")  # fmt: skip
 MOE_CONFIGS = {
     "mixtral": lambda: _auto("mixtral", num_local_experts=4, num_experts_per_tok=2, experts_implementation="eager"),
     "qwen2_moe": lambda: _auto("qwen2_moe", **_E, moe_intermediate_size=M, shared_expert_intermediate_size=41,
@@ -120,6 +131,9 @@ MOE_CONFIGS = {
     "granitemoe": lambda: _auto("granitemoe", num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=3.0,
                                 residual_multiplier=2.0, attention_multiplier=0.5, logits_scaling=0.5,
                                 experts_implementation="eager"),
+    "flex_olmo": lambda: _auto("flex_olmo", **_E),
+    # Layer 0 dense, layer 1 group-routed experts with a shared expert; per-head q/k norms, half the head rotary.
+    "glm4_moe": lambda: _auto("glm4_moe", **_GLM4_MOE),
 }  # fmt: skip
 CONFIGS.update(MOE_CONFIGS)
 # State-space families: not in FAMILIES (those tests are about attention and MLPs); tests/test_ssm.py.
@@ -127,7 +141,48 @@ SSM_CONFIGS = {
     "mamba": lambda: AutoConfig.for_model(
         "mamba", **_COMMON, hidden_size=D, state_size=8, num_hidden_layers=L, expand=2, conv_kernel=4, time_step_rank=2
     ),
-}
+    "falcon_mamba": lambda: AutoConfig.for_model("falcon_mamba", **_COMMON, hidden_size=D, state_size=8,
+                                                 num_hidden_layers=L, expand=2, conv_kernel=4, time_step_rank=2),
+    # Mamba 2: 4 heads of 16 (d_inner 64), one B/C group of state size 8, chunks of 4 so a 6-token prompt spans two.
+    "mamba2": lambda: AutoConfig.for_model("mamba2", **_COMMON, hidden_size=D, num_heads=4, head_dim=16, state_size=8,
+                                           n_groups=1, num_hidden_layers=L, expand=2, conv_kernel=4, chunk_size=4),
+}  # fmt: skip
+# Hybrids (attention layers and state-space / convolution layers): tests/test_mixer_families.py. Layer 0 is the
+# mixer, layer 1 attention; Nemotron-H has one block of each of its four kinds.
+_MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2,
+               mamba_chunk_size=4)  # fmt: skip
+HYBRID_CONFIGS = {
+    "bamba": lambda: _auto("bamba", **_MAMBA2, attn_layer_indices=[1]),
+    # Layer 1: attention (no positions) and a mixture of experts (softmax top-2 of 4, not renormalised).
+    "jamba": lambda: _auto("jamba", attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                           expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4,
+                           mamba_expand=2, mamba_dt_rank=2, experts_implementation="eager"),
+    "lfm2": lambda: _auto("lfm2", layer_types=["conv", "full_attention"], conv_L_cache=3, block_ff_dim=M,
+                          block_auto_adjust_ff_dim=False),
+    # Mamba 2, attention, relu² MLP, mixture of experts (group routing, a shared expert).
+    "nemotron_h": lambda: _auto("nemotron_h", num_hidden_layers=4,
+                                layer_types=["linear_attention", "full_attention", "mlp", "moe"], mamba_num_heads=4,
+                                mamba_head_dim=16, ssm_state_size=8, n_groups=1, conv_kernel=4, expand=2, chunk_size=4,
+                                head_dim=8, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+                                moe_intermediate_size=M, moe_shared_expert_intermediate_size=41,
+                                experts_implementation="eager"),
+}  # fmt: skip
+# Model types transformers builds with the class of a family above (tests/test_aliases.py): type -> (twin, config).
+ALIAS_CONFIGS = {
+    "exaone": ("llama", lambda: _auto("exaone", head_dim=8)),
+    "internlm3": ("llama", lambda: _auto("internlm3", head_dim=8)),
+    "iquestcoder": ("llama", lambda: _auto("iquestcoder", head_dim=8)),
+    "sarvam_mla": ("deepseek_v3", lambda: _renamed("sarvam_mla", MOE_CONFIGS["deepseek_v3"]())),
+    "sarvam_moe": ("glm4_moe", lambda: _renamed("sarvam_moe", MOE_CONFIGS["glm4_moe"]())),
+}  # fmt: skip
+
+
+def _renamed(model_type: str, config):
+    """``config``'s settings as a config of ``model_type`` (the eager experts loop, as the twin's)."""
+    settings = {k: v for k, v in config.to_diff_dict().items() if k not in ("model_type", "transformers_version")}
+    return AutoConfig.for_model(model_type, **settings, experts_implementation="eager")
+
+
 FAMILIES = list(CONFIGS)
 
 

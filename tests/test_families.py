@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, FAMILIES, SSM_CONFIGS, V, char_tokenizer, perturb_
+from conftest import ALIAS_CONFIGS, CONFIGS, FAMILIES, HYBRID_CONFIGS, SSM_CONFIGS, V, char_tokenizer, perturb_
 from transformers import AutoModelForCausalLM
 
 from transformer_bridge import SUPPORTED_MODEL_TYPES, TransformerBridge
@@ -159,7 +159,9 @@ def test_every_family_is_supported_and_documented(family):
 
 
 def test_every_supported_model_type_has_a_tiny_config():
-    tested = {CONFIGS[f]().model_type for f in FAMILIES} | {c().model_type for c in SSM_CONFIGS.values()}
+    tested = {CONFIGS[f]().model_type for f in FAMILIES}
+    tested |= {c().model_type for c in [*SSM_CONFIGS.values(), *HYBRID_CONFIGS.values()]}
+    tested |= set(ALIAS_CONFIGS)  # tests/test_aliases.py
     assert set(SUPPORTED_MODEL_TYPES) <= tested, set(SUPPORTED_MODEL_TYPES) - tested
 
 

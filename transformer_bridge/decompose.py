@@ -237,7 +237,8 @@ def component_groups(
     ``hook_mlp_out`` (a shared expert, the post-norm's bias). ``kinds`` limits the blocks' parts to
     attention or MLP outputs. The parts sum to the residual when everything is included. Parts stay in
     groups (a layer's heads are one tensor), so a caller stacks them with one copy (`stack_groups`). A
-    state-space (Mamba) block has one part, ``hook_mixer_out`` (kind ``mixer_out``), whatever the options.
+    state-space (Mamba) block has one part, ``hook_mixer_out`` (kind ``mixer_out``), whatever the options; so does
+    a hybrid's mixer layer in place of its attention (with ``kinds`` it counts as ``attn``).
 
     ``edits`` (with every kind and the embeddings): a hook that edited the residual stream during the cached
     forward (steering, an ablation of ``hook_resid_*``) added something that no block output holds. Each such
@@ -270,13 +271,20 @@ def component_groups(
             if edits and mixer:
                 found += _edit(acts, f"blocks.{i}.hook_resid_pre", f"blocks.{i}.hook_resid_post", mixer, i, tol)
             continue
-        attn = _attn_groups(model, acts, i, heads) if "attn" in kinds else []
-        mlp = _mlp_groups(model, acts, i, neurons, experts) if "mlp" in kinds and i < layer else []
-        if edits and not model.cfg.parallel_attn_mlp:
+        # A hybrid's block: a mixer (one part, counted with the attention `kinds`) or attention, maybe no MLP.
+        mixer_out, has_mlp = f"blocks.{i}.hook_mixer_out", f"blocks.{i}.hook_mlp_out" in model.hook_dict
+        if "attn" not in kinds:
+            attn = []
+        elif mixer_out in model.hook_dict:
+            attn = [_one(acts.get(mixer_out), "mixer_out", i)]
+        else:
+            attn = _attn_groups(model, acts, i, heads) if f"blocks.{i}.hook_attn_out" in model.hook_dict else []
+        mlp = _mlp_groups(model, acts, i, neurons, experts) if "mlp" in kinds and i < layer and has_mlp else []
+        if edits and f"blocks.{i}.hook_resid_mid" in model.hook_dict:
             attn += _edit(acts, f"blocks.{i}.hook_resid_pre", f"blocks.{i}.hook_resid_mid", attn, i, tol)
             if mlp:
                 mlp += _edit(acts, f"blocks.{i}.hook_resid_mid", f"blocks.{i}.hook_resid_post", mlp, i, tol)
-        elif edits and mlp:
+        elif edits and (mlp or (i < layer and not has_mlp)):  # parallel blocks; Nemotron-H's one-sublayer blocks
             mlp += _edit(acts, f"blocks.{i}.hook_resid_pre", f"blocks.{i}.hook_resid_post", attn + mlp, i, tol)
         found += attn + mlp
     if edits and layer < model.cfg.n_layers and not mlp_input and layer > 0:

@@ -39,7 +39,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from .adapters.base import SSM
+from .adapters.base import SSM, Adapter
 
 Run = Callable[[str, Tensor], Tensor]
 
@@ -91,6 +91,16 @@ def module_at(root: nn.Module, path: str) -> nn.Module | None:
         return None
 
 
+def holds(block: nn.Module, path: str, adapter: Adapter) -> bool:
+    """Whether ``block`` holds the module at ``path``: always in a family whose blocks are all alike; in a hybrid
+    only in the layers of that kind (attention, MLP).
+
+    Example:
+        >>> holds(block, adapter.o_proj, adapter)   # an attention layer?
+    """
+    return adapter.hybrid is None or module_at(block, path) is not None
+
+
 def mixer_of(block: nn.Module, spec: SSM | None) -> nn.Module | None:
     """The mixer of ``block`` when it is a mixer layer of ``spec``'s kind, else None (an attention or MLP layer)."""
     if spec is None or module_at(block, spec.out_proj) is None or module_at(block, spec.in_proj) is None:
@@ -126,11 +136,11 @@ def mixer_sites(block: nn.Module, spec: SSM) -> list[MixerSite]:
     halves = MixerSite(in_proj, "post", split(("in", "gate")), ("in", "gate"))
     if spec.selection_norms:  # Jamba, Falcon-Mamba: the scan reads dt, B, C after their norms
         prefix = spec.x_proj.rpartition(".")[0]
-        norms = [module_at(block, f"{prefix}.{name}_layernorm") for name in ("dt", "b", "c")]
-        return [halves, *(MixerSite(n, "post", _keyed(k), (k,)) for n, k in zip(norms, ("dt", "B", "C"), strict=True)), y]
-    rank, n = mixer.time_step_rank, mixer.ssm_state_size
-    selection = MixerSite(module_at(block, spec.x_proj), "post", split(("dt", "B", "C"), [rank, n, n]), ("dt", "B", "C"))
+        norms = {key: module_at(block, f"{prefix}.{key.lower()}_layernorm") for key in ("dt", "B", "C")}
+        return [halves, *(MixerSite(module, "post", _keyed(key), (key,)) for key, module in norms.items()), y]
+    widths = [mixer.time_step_rank, mixer.ssm_state_size, mixer.ssm_state_size]
+    selection = MixerSite(module_at(block, spec.x_proj), "post", split(("dt", "B", "C"), widths), ("dt", "B", "C"))
     return [halves, selection, y]
 
 
-__all__ = ["MixerSite", "mixer_of", "mixer_sites", "module_at", "split"]
+__all__ = ["MixerSite", "holds", "mixer_of", "mixer_sites", "module_at", "split"]

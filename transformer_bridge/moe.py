@@ -104,9 +104,9 @@ def route(
         >>> w, idx = route("softmax_topk", torch.randn(5, 4), model.hf_model.model.layers[0].mlp.gate)
     """
     k = router.top_k
-    if routing == "softmax_topk":
+    if routing in ("softmax_topk", "softmax_topk_unnormalized"):
         top, idx = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float), k, dim=-1)
-        if getattr(router, "norm_topk_prob", True):
+        if routing == "softmax_topk" and getattr(router, "norm_topk_prob", True):
             top = top / top.sum(dim=-1, keepdim=True)
         return top.to(logits.dtype), idx
     if routing == "topk_softmax":
@@ -128,8 +128,8 @@ def route(
         if router.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * router.routed_scaling_factor, idx
-    raise ValueError(f"Unknown `routing`={routing!r}; allowed: softmax_topk, topk_softmax, topk_sigmoid, "
-                     "sigmoid_group_topk.")  # fmt: skip
+    raise ValueError(f"Unknown `routing`={routing!r}; allowed: softmax_topk, softmax_topk_unnormalized, "
+                     "topk_softmax, topk_sigmoid, sigmoid_group_topk.")  # fmt: skip
 
 
 def _batch(registry: HookRegistry) -> int:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from . import attention, mla, moe
+from . import attention, mixers, mla, moe
 from .adapters import Adapter
 from .distributed import local_param, o_proj_weight, onloaded, sum_over_ranks
 from .hook_points import HookPoint, HookRegistry
@@ -311,102 +311,115 @@ def build_sites(
             add(p + "ln1.hook_scale", ln1 := site(ln1_module, "post", norm(adapter.norm, ln1_module)), "scale")
             add(p + "ln1.hook_normalized", ln1, "normalized")
 
-        if adapter.mla:
-            attn_module = m(adapter.attn)
-            add(p + "attn.hook_q", site(mla.query_module(attn_module), "post", mla.query_heads(n_heads)))
-            latent = site(attn_module.kv_a_proj_with_mqa, "post", mla.latent_split(attn_module.kv_lora_rank))
-            add(p + "attn.hook_kv_latent", latent, "kv_latent")
-            add(p + "attn.hook_k_rope", latent, "k_rope")
-            for key in ("q_a_layernorm", "kv_a_layernorm"):  # no q_a_layernorm without a query low-rank
-                if (latent_ln := getattr(attn_module, key, None)) is not None:
-                    ln_site = site(latent_ln, "post", norm(adapter.norm, latent_ln))
-                    add(p + f"attn.{key}.hook_scale", ln_site, "scale")
-                    add(p + f"attn.{key}.hook_normalized", ln_site, "normalized")
-        elif adapter.qkv is None:
-            for key in "qkv":
-                heads_here = n_heads if key == "q" else n_kv
-                proj = m(getattr(adapter, key))
-                add(p + f"attn.hook_{key}", site(proj, "post", heads(heads_here, d_head)))
-        else:
-            fused = site(m(adapter.qkv), "post", fused_qkv(adapter.qkv_layout, n_heads, n_kv, d_head))
-            for key in "qkv":
-                add(p + f"attn.hook_{key}", fused, key)
-
-        for key in ("q_norm", "k_norm"):
-            path = getattr(adapter, key)
-            if path is not None:
-                qk_process = norm(adapter.norm, m(path))
-                if adapter.qk_norm_layout == "head_pos":
-                    qk_process = _pos_before_head(qk_process)
-                qk = site(m(path), "post", qk_process)
-                add(p + f"attn.{key}.hook_scale", qk, "scale")
-                add(p + f"attn.{key}.hook_normalized", qk, "normalized")
-
-        if adapter.attn_registry or adapter.sdpa_call:
-            attn_points = attention.AttentionPoints(None, None, HookPoint("", registry), HookPoint("", registry))
-            site_class = AttnFnSite if adapter.attn_registry else attention.SdpaSite
-            fn_site = site_class(m(adapter.attn), attn_points)
-            if adapter.rotary:
-                add(p + "attn.hook_rot_q", fn_site)
-                add(p + "attn.hook_rot_k", fn_site)
-                attn_points.rot_q, attn_points.rot_k = points[p + "attn.hook_rot_q"], points[p + "attn.hook_rot_k"]
-            add(p + "attn.hook_attn_scores", fn_site)
-            add(p + "attn.hook_pattern", fn_site)
-            attn_points.scores = points[p + "attn.hook_attn_scores"]
-            attn_points.pattern = points[p + "attn.hook_pattern"]
-        elif adapter.pattern_module is not None:
-            # Attention computed inside the HF module (GPT-J, GPT-Neo): the softmax output passes through a
-            # dropout module before it meets the values, so that module's output is the pattern.
-            add(p + "attn.hook_pattern", site(m(adapter.pattern_module), "post", identity))
-
-        o_proj = m(adapter.o_proj)
-        add(p + "attn.hook_z", site(o_proj, "pre", heads(n_heads, d_head)))
-        result_process = head_results(n_heads, d_head, o_proj, adapter.conv1d, registry)
-        add(p + "attn.hook_result", site(o_proj, "post", result_process))
-
-        attn_out_site = site(m(adapter.attn_out), "post", identity)
-        attn_out_site.process = _attn_out_and_mid(attn_out_site, stash, layer, adapter.residual_scale(model.config))
-        if adapter.sandwich:
-            attn_out_site.process = _after_norm(
-                attn_out_site, norm(adapter.norm, m(adapter.attn_out)), attn_out_site.process
-            )
-            add(p + "ln1_post.hook_scale", attn_out_site, "scale")
-            add(p + "ln1_post.hook_normalized", attn_out_site, "normalized")
-        add(p + "hook_attn_out", attn_out_site, "attn_out")
-        if not parallel:
-            add(p + "hook_resid_mid", attn_out_site, "mid", extra=(resid_pre,))
-
-        # One norm feeds both in parallel blocks (Phi, GPT-J; Falcon's parallel blocks lack the attribute).
-        if (ln2_module := optional_module(block, adapter.ln2, may_be_absent=parallel)) is not None:
-            ln2 = site(ln2_module, "post", norm(adapter.norm, ln2_module))
-            add(p + "ln2.hook_scale", ln2, "scale")
-            add(p + "ln2.hook_normalized", ln2, "normalized")
-
+        # A hybrid's block holds a mixer or attention, and maybe no MLP (Nemotron-H: one sublayer per block).
+        mixer = mixers.mixer_of(block, adapter.hybrid)
+        attention_here = mixer is None and mixers.holds(block, adapter.o_proj, adapter)
         moe_block = moe.is_moe_block(block, adapter.moe)
-        if moe_block:
-            for key, moe_site in moe.moe_sites(adapter.moe, block, registry, get_module):
-                add(p + f"mlp.hook_{key}", moe_site, key)
-            for key, path, kind in moe.shared_points(adapter.moe):
-                add(p + f"mlp.hook_{key}", site(m(path), kind, moe.token_rows(registry)))
-        elif adapter.fused_gate_up:
-            fused_mlp = site(m(adapter.mlp_in), "post", gate_up)
-            add(p + "mlp.hook_pre", fused_mlp, "pre")
-            add(p + "mlp.hook_pre_linear", fused_mlp, "pre_linear")
-        else:
-            add(p + "mlp.hook_pre", site(m(adapter.mlp_in), "post", identity))
-            if adapter.mlp_up is not None:
-                add(p + "mlp.hook_pre_linear", site(m(adapter.mlp_up), "post", identity))
-        if not moe_block:
-            add(p + "mlp.hook_post", site(m(adapter.mlp_down), "pre", identity))
-        mlp_out = m(adapter.mlp_out)
-        if adapter.sandwich:
-            mlp_out_site = site(mlp_out, "post", identity)
-            mlp_out_site.process = _after_norm(mlp_out_site, norm(adapter.norm, mlp_out), _keyed("mlp_out"))
-            add(p + "ln2_post.hook_scale", mlp_out_site, "scale")
-            add(p + "ln2_post.hook_normalized", mlp_out_site, "normalized")
-            add(p + "hook_mlp_out", mlp_out_site, "mlp_out")
-        else:
-            add(p + "hook_mlp_out", site(mlp_out, "post", copied if adapter.mlp_out_mutated else identity))
+        ffn_here = moe_block or mixers.holds(block, adapter.mlp_down, adapter)
+        if attention_here:
+            if adapter.mla:
+                attn_module = m(adapter.attn)
+                add(p + "attn.hook_q", site(mla.query_module(attn_module), "post", mla.query_heads(n_heads)))
+                latent = site(attn_module.kv_a_proj_with_mqa, "post", mla.latent_split(attn_module.kv_lora_rank))
+                add(p + "attn.hook_kv_latent", latent, "kv_latent")
+                add(p + "attn.hook_k_rope", latent, "k_rope")
+                for key in ("q_a_layernorm", "kv_a_layernorm"):  # no q_a_layernorm without a query low-rank
+                    if (latent_ln := getattr(attn_module, key, None)) is not None:
+                        ln_site = site(latent_ln, "post", norm(adapter.norm, latent_ln))
+                        add(p + f"attn.{key}.hook_scale", ln_site, "scale")
+                        add(p + f"attn.{key}.hook_normalized", ln_site, "normalized")
+            elif adapter.qkv is None:
+                for key in "qkv":
+                    heads_here = n_heads if key == "q" else n_kv
+                    proj = m(getattr(adapter, key))
+                    add(p + f"attn.hook_{key}", site(proj, "post", heads(heads_here, d_head)))
+            else:
+                fused = site(m(adapter.qkv), "post", fused_qkv(adapter.qkv_layout, n_heads, n_kv, d_head))
+                for key in "qkv":
+                    add(p + f"attn.hook_{key}", fused, key)
+
+            for key in ("q_norm", "k_norm"):
+                # GLM-4 MoE builds its q/k norms only when its config asks (`use_qk_norm`).
+                if (qk_module := optional_module(block, getattr(adapter, key), may_be_absent=True)) is not None:
+                    qk_process = norm(adapter.norm, qk_module)
+                    if adapter.qk_norm_layout == "head_pos":
+                        qk_process = _pos_before_head(qk_process)
+                    qk = site(qk_module, "post", qk_process)
+                    add(p + f"attn.{key}.hook_scale", qk, "scale")
+                    add(p + f"attn.{key}.hook_normalized", qk, "normalized")
+
+            if adapter.attn_registry or adapter.sdpa_call:
+                attn_points = attention.AttentionPoints(None, None, HookPoint("", registry), HookPoint("", registry))
+                site_class = AttnFnSite if adapter.attn_registry else attention.SdpaSite
+                fn_site = site_class(m(adapter.attn), attn_points)
+                if adapter.rotary:
+                    add(p + "attn.hook_rot_q", fn_site)
+                    add(p + "attn.hook_rot_k", fn_site)
+                    attn_points.rot_q, attn_points.rot_k = points[p + "attn.hook_rot_q"], points[p + "attn.hook_rot_k"]
+                add(p + "attn.hook_attn_scores", fn_site)
+                add(p + "attn.hook_pattern", fn_site)
+                attn_points.scores = points[p + "attn.hook_attn_scores"]
+                attn_points.pattern = points[p + "attn.hook_pattern"]
+            elif adapter.pattern_module is not None:
+                # Attention computed inside the HF module (GPT-J, GPT-Neo): the softmax output passes through a
+                # dropout module before it meets the values, so that module's output is the pattern.
+                add(p + "attn.hook_pattern", site(m(adapter.pattern_module), "post", identity))
+
+            o_proj = m(adapter.o_proj)
+            add(p + "attn.hook_z", site(o_proj, "pre", heads(n_heads, d_head)))
+            result_process = head_results(n_heads, d_head, o_proj, adapter.conv1d, registry)
+            add(p + "attn.hook_result", site(o_proj, "post", result_process))
+
+        if mixer is not None:
+            for part in mixers.mixer_sites(block, adapter.hybrid):
+                part_site = site(part.module, part.kind, part.process)
+                for key in part.keys:
+                    add(p + f"mixer.hook_{key}", part_site, key)
+        first = mixer if mixer is not None else m(adapter.attn_out) if attention_here else None
+        if first is not None:
+            attn_out_site = site(first, "post", identity)
+            attn_out_site.process = _attn_out_and_mid(attn_out_site, stash, layer, adapter.residual_scale(model.config))
+            if adapter.sandwich:
+                attn_out_site.process = _after_norm(
+                    attn_out_site, norm(adapter.norm, m(adapter.attn_out)), attn_out_site.process
+                )
+                add(p + "ln1_post.hook_scale", attn_out_site, "scale")
+                add(p + "ln1_post.hook_normalized", attn_out_site, "normalized")
+            add(p + ("hook_mixer_out" if mixer is not None else "hook_attn_out"), attn_out_site, "attn_out")
+            if not parallel and ffn_here:
+                add(p + "hook_resid_mid", attn_out_site, "mid", extra=(resid_pre,))
+
+        if ffn_here:
+            # One norm feeds both in parallel blocks (Phi, GPT-J; Falcon's parallel blocks lack the attribute).
+            if (ln2_module := optional_module(block, adapter.ln2, may_be_absent=parallel)) is not None:
+                ln2 = site(ln2_module, "post", norm(adapter.norm, ln2_module))
+                add(p + "ln2.hook_scale", ln2, "scale")
+                add(p + "ln2.hook_normalized", ln2, "normalized")
+
+            if moe_block:
+                for key, moe_site in moe.moe_sites(adapter.moe, block, registry, get_module):
+                    add(p + f"mlp.hook_{key}", moe_site, key)
+                for key, path, kind in moe.shared_points(adapter.moe):
+                    add(p + f"mlp.hook_{key}", site(m(path), kind, moe.token_rows(registry)))
+            elif adapter.fused_gate_up:
+                fused_mlp = site(m(adapter.mlp_in), "post", gate_up)
+                add(p + "mlp.hook_pre", fused_mlp, "pre")
+                add(p + "mlp.hook_pre_linear", fused_mlp, "pre_linear")
+            else:
+                add(p + "mlp.hook_pre", site(m(adapter.mlp_in), "post", identity))
+                if adapter.mlp_up is not None:
+                    add(p + "mlp.hook_pre_linear", site(m(adapter.mlp_up), "post", identity))
+            if not moe_block:
+                add(p + "mlp.hook_post", site(m(adapter.mlp_down), "pre", identity))
+            mlp_out = m(adapter.mlp_out)
+            if adapter.sandwich:
+                mlp_out_site = site(mlp_out, "post", identity)
+                mlp_out_site.process = _after_norm(mlp_out_site, norm(adapter.norm, mlp_out), _keyed("mlp_out"))
+                add(p + "ln2_post.hook_scale", mlp_out_site, "scale")
+                add(p + "ln2_post.hook_normalized", mlp_out_site, "normalized")
+                add(p + "hook_mlp_out", mlp_out_site, "mlp_out")
+            else:
+                add(p + "hook_mlp_out", site(mlp_out, "post", copied if adapter.mlp_out_mutated else identity))
         add(p + "hook_resid_post", site(block, "post", identity))
 
     ln_final = get_module(model, adapter.ln_final)

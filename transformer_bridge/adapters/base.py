@@ -10,7 +10,7 @@ NormKind = Literal["layernorm", "rms", "rms_one_plus"]
 QKVLayout = Literal["separate", "concat", "per_head"]
 QKNormLayout = Literal["pos_head", "head_pos", "flat"]
 MixerKind = Literal["mamba", "mamba2", "short_conv"]
-Routing = Literal["softmax_topk", "topk_softmax", "sigmoid_group_topk", "topk_sigmoid"]
+Routing = Literal["softmax_topk", "softmax_topk_unnormalized", "topk_softmax", "sigmoid_group_topk", "topk_sigmoid"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class MoE:
         routing: how the router turns logits into expert weights; the bridge re-routes with it when
             ``hook_router_logits`` is edited. ``softmax_topk`` (Mixtral, Qwen-MoE, OLMoE: softmax over all
             experts, top-k, renormalised unless the router's ``norm_topk_prob`` is False),
+            ``softmax_topk_unnormalized`` (Jamba: the same, never renormalised),
             ``topk_softmax`` (GPT-OSS: top-k logits, softmax over them), ``sigmoid_group_topk``
             (DeepSeek-V3), ``topk_sigmoid`` (Llama 4: sigmoid of the top-k logits, dense).
         dense: the router returns dense ``[token, expert]`` scores and the experts module runs every
@@ -171,6 +172,13 @@ class Adapter:
     @property
     def gated(self) -> bool:
         return self.mlp_up is not None or self.fused_gate_up
+
+    @property
+    def has_mixers(self) -> bool:
+        """Some layers are state-space or convolution mixers (``ssm`` or ``hybrid``): the model keeps a recurrent
+        state besides its KV cache, which the row driver (controllers), speculative decoding and the static cache
+        cannot rewind, copy per row or preallocate, and the LRP rules do not cover."""
+        return self.ssm is not None or self.hybrid is not None
 
     def residual_scale(self, config: object) -> float:
         """What the sublayer outputs are multiplied by before the residual add (1.0 but for Granite)."""

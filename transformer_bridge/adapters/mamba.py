@@ -1,9 +1,13 @@
-"""Mamba: a state-space family. Each block is ``norm → mixer → + residual``; no attention, no MLP.
+"""Mamba, Falcon-Mamba and Mamba 2: state-space families. Each block is ``norm → mixer → + residual``; no
+attention, no MLP.
 
-The hook points are those of `transformer_bridge.ssm` (no ``hook_pattern``, no q/k/v, no MLP points).
-The attention / MLP paths below are placeholders the state-space sites never read, except ``mlp_down``
-(the mixer's output projection), whose input width is reported as ``cfg.d_mlp`` (the mixer's width).
+The hook points are those of `transformer_bridge.ssm`, with the mixer points of each kind
+(`transformer_bridge.mixers`): no ``hook_pattern``, no q/k/v, no MLP points. The attention / MLP paths below
+are placeholders the state-space sites never read, except ``mlp_down`` (the mixer's output projection), whose
+input width is reported as ``cfg.d_mlp`` (the mixer's width).
 """
+
+from dataclasses import replace
 
 from .base import SSM, Adapter
 
@@ -24,3 +28,9 @@ MAMBA = Adapter(
     attn_registry=False,
     ssm=SSM(),
 )
+
+# Mamba 1 with weightless RMS norms on dt, B and C after the selection projection.
+FALCON_MAMBA = replace(MAMBA, model_types=("falcon_mamba",), ssm=SSM(selection_norms=True))
+
+# Mamba 2: one input projection [gate | x B C | dt], multi-head scan, gated RMS norm before the output projection.
+MAMBA2 = replace(MAMBA, model_types=("mamba2",), ssm=SSM(kind="mamba2", gated_norm="mixer.norm"))

@@ -61,10 +61,9 @@ def dla_required(model: BridgeCore) -> list[str]:
     if "hook_pos_embed" in model.hook_dict:
         names.append("hook_pos_embed")
     for layer in range(model.cfg.n_layers):
-        if model.adapter.ssm is not None:  # Mamba: each block adds its mixer's output
-            names.append(f"blocks.{layer}.hook_mixer_out")
-            continue
-        names += [f"blocks.{layer}.attn.hook_result", f"blocks.{layer}.hook_mlp_out"]
+        # Per block, what it holds: a mixer's output (Mamba, a hybrid's mixer layers) or the heads', and the MLP's.
+        parts = ("hook_mixer_out", "attn.hook_result", "hook_mlp_out")
+        names += [f"blocks.{layer}.{part}" for part in parts if f"blocks.{layer}.{part}" in model.hook_dict]
         if model.adapter.sandwich:
             names.append(post_norm_scale_name(layer, "attn"))
     return [*names, "ln_final.hook_scale"]

@@ -42,9 +42,10 @@ def lrp(request: Request, variant: Variant = "attnlrp") -> MethodOutput:
         >>> out.scores.shape   # [explained, pos]
     """
     model = request.model
-    if model.adapter.ssm is not None:
+    if model.adapter.has_mixers:  # Mamba; hybrids' state-space and convolution layers
         raise ValueError(
-            f"Method {variant!r} has no LRP rules for the state-space mixer of this {model.cfg.model_type!r} model "
+            f"Method {variant!r} has no LRP rules for the state-space mixer (or convolution) layers of this "
+            f"{model.cfg.model_type!r} model "
             "(see transformer_bridge.relevance.lrp); use 'grad_x_input', 'integrated_gradients', 'dla' or "
             "'logit_lens'."
         )
