@@ -42,3 +42,8 @@ bench: setup
 compat:
 	test -n "$(VERSION)" || (echo "usage: make compat VERSION=5.x.y" >&2; exit 2)
 	$(PYTHON) scripts/compat.py $(VERSION) --write
+
+# The clients check (docs/ecosystem.md): the newest SAELens, TransformerLens and circuitsvis, each in a scratch venv,
+# run a short job against the bridge on SmolLM2; the table goes into docs/ecosystem.md.
+clients: setup
+	$(PYTHON) scripts/clients.py --write
