@@ -45,7 +45,8 @@ def port(tl_tests: Path, out: Path) -> None:
 
 
 def run(python: str, out: Path, side: str, extra: list[str]) -> None:
-    env = {**os.environ, "TLS_SIDE": side, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    # One thread: on a shared 2-core machine a second torch thread next to a busy process slows every op.
+    env = {**os.environ, "TLS_SIDE": side, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     if side == "ours":
         env["PYTHONPATH"] = os.pathsep.join([str(HERE / "shim"), env.get("PYTHONPATH", "")])
     targets = [] if any(x.startswith("tests") for x in extra) else ["tests"]

@@ -116,12 +116,23 @@ def test_refusals_name_the_reason():
     with pytest.raises(ValueError, match="mixture-of-experts"):
         make_bridge("mixtral").enable_compatibility_mode()
     model = make_bridge("llama")
-    with pytest.raises(ValueError, match="refactor_factored_attn_matrices"):
+    with pytest.raises(ValueError, match=r"refactor_factored_attn_matrices.*rotary"):
         model.enable_compatibility_mode(refactor_factored_attn_matrices=True)
     with pytest.raises(TypeError, match="fold_ln"):
         model.process_weights(fold_ln="yes")
     model.enable_compatibility_mode(no_processing=True)
     assert model.weight_processing is None
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt", "gpt_neo"])
+def test_refactored_attention_keeps_the_function(family):
+    base = perturb_(make_bridge(family))
+    model = copy.deepcopy(base)
+    model.enable_compatibility_mode(refactor_factored_attn_matrices=True)
+    torch.testing.assert_close(model(TOKENS).log_softmax(-1), base(TOKENS).log_softmax(-1), atol=1e-4, rtol=1e-4)
+    w_o = model.W_O[0]  # [head, d_head, d_model]: orthonormal rows, a rotation (TransformerLens' refactor)
+    eye = torch.eye(model.cfg.d_head).expand(model.cfg.n_heads, -1, -1)
+    torch.testing.assert_close(w_o @ w_o.transpose(-1, -2), eye, atol=1e-4, rtol=0)
 
 
 @pytest.mark.real

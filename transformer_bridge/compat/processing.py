@@ -17,6 +17,10 @@ and ``decompose_resid`` become TransformerLens' processed numbers:
 - ``center_unembed``: ``W_U`` and ``b_U`` are centred over the vocabulary (logits shift by a constant per
   position). Not defined with a final logit soft-cap (Gemma 2), which is not shift-invariant.
 - ``fold_value_biases``: the value bias ``b_V`` is folded into ``b_O`` (the pattern sums to 1), and zeroed.
+- ``refactor_factored_attn_matrices`` (off by default, as in TransformerLens; learned or no positional
+  embeddings only, where ``W_Q @ W_K.T`` alone decides the scores): each head's ``W_Q``, ``W_K`` (with their
+  biases as an extra input row) are replaced by the even factors of the SVD of their product, and ``W_V``,
+  ``W_O`` by ``U S`` and ``Vᵀ`` of ``W_V @ W_O``; scores and head outputs are unchanged.
 
 A step not defined for a family is skipped, and the reason recorded in ``model.weight_processing``, as
 TransformerLens skips ``center_writing_weights`` for RMS norms. A tied unembedding is untied first. Mixtures
@@ -31,10 +35,12 @@ from torch import Tensor, nn
 
 from ..core import BridgeCore
 from ..sites import get_module, optional_module
+from . import weights
+from .factored import FactoredMatrix
 
 __all__ = ["WeightProcessing", "process_weights"]
 
-STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
+STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases", "refactor_factored_attn_matrices")
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,7 @@ def process_weights(
     center_writing_weights: bool = True,
     center_unembed: bool = True,
     fold_value_biases: bool = True,
+    refactor_factored_attn_matrices: bool = False,
 ) -> WeightProcessing:
     """Rewrite the HF model's parameters in place into TransformerLens' processed form (see the module doc).
 
@@ -65,11 +72,14 @@ def process_weights(
         >>> q = torch.einsum("bpd,hde->bphe", normalized, model.W_Q[0]) + model.b_Q[0]   # == cache["q", 0]
     """
     asked = {"fold_ln": fold_ln, "center_writing_weights": center_writing_weights,
-             "center_unembed": center_unembed, "fold_value_biases": fold_value_biases}  # fmt: skip
+             "center_unembed": center_unembed, "fold_value_biases": fold_value_biases,
+             "refactor_factored_attn_matrices": refactor_factored_attn_matrices}  # fmt: skip
     for name, value in asked.items():
         if not isinstance(value, bool):
             raise TypeError(f"`{name}` must be True or False, got {type(value).__name__} {value!r}.")
     _check_family(core)
+    if refactor_factored_attn_matrices:
+        _check_refactor(core)
     skipped = _undefined(core)
     todo = [s for s in STEPS if asked[s] and s not in skipped]
     skipped = {s: why for s, why in skipped.items() if asked[s]}
@@ -89,6 +99,9 @@ def process_weights(
                 b.sub_(b.mean())
         if "fold_value_biases" in todo:
             _fold_value_biases(core, center=layernorm and "center_writing_weights" in todo)
+        if "refactor_factored_attn_matrices" in todo:
+            for layer in range(core.cfg.n_layers):
+                _refactor_layer(core, layer)
     return WeightProcessing(tuple(todo), skipped)
 
 
@@ -236,6 +249,47 @@ def _value_bias(core: BridgeCore, block: nn.Module) -> Tensor | None:
     return b[start : start + c.n_kv_heads * c.d_head].view(c.n_kv_heads, c.d_head)
 
 
+def _check_refactor(core: BridgeCore) -> None:
+    c, a = core.cfg, core.adapter
+    rotary = c.positional_embedding_type == "rotary"
+    why = ("its positions are rotary: the scores depend on W_Q and W_K separately" if rotary
+           else "queries and keys are normalised per head after the projections" if a.q_norm or a.k_norm
+           else "its key/value heads are shared between query heads (GQA)" if c.n_kv_heads != c.n_heads
+           else None)  # fmt: skip
+    if why is not None:
+        raise ValueError(
+            f"`refactor_factored_attn_matrices=True` is not defined for this {c.model_type!r} model: {why}. "
+            "TransformerLens refuses it there too; leave it False."
+        )
+
+
+def _biased(core: BridgeCore, layer: int) -> None:
+    """Give Q/K/V/O biases to a family whose projections have none (GPT-Neo), so the refactor can write them."""
+    a = core.adapter
+    block = get_module(core.hf_model, a.blocks)[layer]
+    paths = [a.qkv] if a.qkv is not None else [a.q, a.k, a.v]
+    for path in [*paths, a.o_proj]:
+        module = get_module(block, path)
+        _bias(module, _weight_io(core, module).shape[1], module.weight)
+
+
+def _refactor_layer(core: BridgeCore, layer: int) -> None:
+    """TransformerLens' ``refactor_factored_attn_matrices`` for one layer, through views of the HF weights."""
+    _biased(core, layer)
+    w_q, b_q, w_k, b_k = (f(core, layer) for f in (weights.W_Q, weights.b_Q, weights.W_K, weights.b_K))
+    q_eff = torch.cat([w_q, b_q[:, None, :]], dim=1)  # [head, d_model + 1, d_head]: the bias as an input row
+    k_eff = torch.cat([w_k, b_k[:, None, :]], dim=1)
+    q_even, k_even_t = FactoredMatrix(q_eff, k_eff.transpose(-1, -2)).make_even().pair
+    k_even = k_even_t.transpose(-1, -2)
+    w_q.copy_(q_even[:, :-1]), b_q.copy_(q_even[:, -1]), w_k.copy_(k_even[:, :-1]), b_k.copy_(k_even[:, -1])
+    w_v, b_v, w_o, b_o = (f(core, layer) for f in (weights.W_V, weights.b_V, weights.W_O, weights.b_O))
+    b_o.add_((b_v[:, :, None] * w_o).sum((0, 1)))
+    b_v.zero_()
+    u, s, v = FactoredMatrix(w_v, w_o).svd()
+    w_v.copy_(u * s[:, None, :])
+    w_o.copy_(v.transpose(-1, -2))
+
+
 class Processing:
     """Mixin for the public class: `enable_compatibility_mode`, `process_weights`, and the processing keywords of
     `from_pretrained`. Unprocessed (bitwise HF) unless asked."""
@@ -256,6 +310,7 @@ class Processing:
         center_writing_weights: bool = False,
         center_unembed: bool = False,
         fold_value_biases: bool = False,
+        refactor_factored_attn_matrices: bool = False,
         **kwargs: Any,
     ) -> Any:
         """Load and wrap (see `BridgeCore.from_pretrained`); TransformerLens' processing keywords opt in to
@@ -265,8 +320,9 @@ class Processing:
             >>> model = TransformerBridge.from_pretrained("path/to/SmolLM2", fold_ln=True, center_unembed=True)
         """
         model = super().from_pretrained(name_or_path, *args, **kwargs)  # type: ignore[misc]
-        steps = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                     center_unembed=center_unembed, fold_value_biases=fold_value_biases)  # fmt: skip
+        steps = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                     fold_value_biases=fold_value_biases,
+                     refactor_factored_attn_matrices=refactor_factored_attn_matrices)  # fmt: skip
         if any(v is not False for v in steps.values()):
             model.process_weights(**steps)
         return model
@@ -282,6 +338,7 @@ class Processing:
         center_writing_weights: bool = True,
         center_unembed: bool = True,
         fold_value_biases: bool = True,
+        refactor_factored_attn_matrices: bool = False,
     ) -> WeightProcessing:
         """Rewrite the HF model's weights in place into TransformerLens' processed form; returns and records
         (``model.weight_processing``) what was applied and what was skipped (see `compat.processing`).
@@ -289,7 +346,8 @@ class Processing:
         Example:
             >>> model.process_weights(fold_ln=True, center_writing_weights=False)
         """
-        report = process_weights(self, fold_ln, center_writing_weights, center_unembed, fold_value_biases)  # type: ignore[arg-type]
+        report = process_weights(self, fold_ln, center_writing_weights, center_unembed, fold_value_biases,  # type: ignore[arg-type]
+                                 refactor_factored_attn_matrices)  # fmt: skip
         previous = self.weight_processing
         applied = tuple(dict.fromkeys([*(previous.applied if previous else ()), *report.applied]))
         self.weight_processing = WeightProcessing(applied, {**(previous.skipped if previous else {}), **report.skipped})
@@ -307,19 +365,15 @@ class Processing:
     ) -> None:
         """TransformerLens 4's switch to HookedTransformer's processed weights: `process_weights` with these
         steps (``no_processing=True``: none). Hook names need no switch here (TransformerLens' names are the
-        canonical ones). ``refactor_factored_attn_matrices`` is not offered.
+        canonical ones).
 
         Example:
             >>> model.enable_compatibility_mode()
             >>> model.weight_processing.applied
         """
-        if refactor_factored_attn_matrices:
-            raise ValueError(
-                "`refactor_factored_attn_matrices=True` is not offered: it changes W_Q / W_K / W_V / W_O beyond "
-                "what the HF model's attention can run unchanged. Leave it False."
-            )
         if not isinstance(disable_warnings, bool):
             raise TypeError(f"`disable_warnings` must be True or False, got {disable_warnings!r}.")
         if no_processing:
             return
-        self.process_weights(fold_ln, center_writing_weights, center_unembed, fold_value_biases)
+        self.process_weights(fold_ln, center_writing_weights, center_unembed, fold_value_biases,
+                             refactor_factored_attn_matrices)  # fmt: skip
