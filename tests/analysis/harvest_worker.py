@@ -5,7 +5,8 @@
 Options: ``out`` (folder), ``docs`` (number of generated documents), ``family`` (tiny model, seeded),
 ``names``, ``shard_size``, ``context_length``, ``batch_size``, ``fsize_limit`` (bytes: RLIMIT_FSIZE, so a
 write past it fails like a full disk), ``slow`` (seconds of sleep per forward, so a kill lands mid-run),
-``read_back`` (stream the store once in shuffled batches), ``torchrun`` (join the gloo group torchrun set up).
+``read_back`` (stream the store once in shuffled batches), ``torchrun`` (join the gloo group torchrun set up),
+``tp_model`` / ``saved_model`` (a saved HF folder, loaded tensor-parallel or whole, instead of ``family``).
 Prints one JSON line: ``{"rows": ..., "maxrss_mb": ..., "error": ...}``.
 """
 
@@ -14,6 +15,7 @@ import resource
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -23,7 +25,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from conftest import make_bridge  # noqa: E402
 
-from transformer_bridge import harvest  # noqa: E402
+from transformer_bridge import TransformerBridge, harvest  # noqa: E402
 from transformer_bridge.activations import HarvestWriteError  # noqa: E402
 
 
@@ -50,10 +52,16 @@ def main() -> None:
     torch.set_num_threads(1)
     if opts.get("torchrun"):
         torch.distributed.init_process_group("gloo")
+    warnings.filterwarnings("ignore")  # `tp_plan=` is HF's deprecated spelling; a saved model has no tokenizer
     if opts.get("fsize_limit"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (opts["fsize_limit"], opts["fsize_limit"]))
-    model = make_bridge(opts.get("family", "llama"))
+    if opts.get("tp_model"):  # tensor parallel over the ranks torchrun started
+        model = TransformerBridge.from_pretrained(opts["tp_model"], dtype=torch.float32, tp_plan="auto")
+    elif opts.get("saved_model"):
+        model = TransformerBridge.from_pretrained(opts["saved_model"], dtype=torch.float32)
+    else:
+        model = make_bridge(opts.get("family", "llama"))
     if opts.get("slow"):
         model.add_hook("hook_embed", lambda x, hook: time.sleep(opts["slow"]), read_only=True)
     out: dict = {}

@@ -356,6 +356,28 @@ def test_data_parallel_under_torchrun_reads_as_one_store(tmp_path):
     assert set(store.documents.to_tensor()[: store.manifest["shards"][0]["rows"]].remainder(2).tolist()) == {0}
 
 
+def test_tensor_parallel_rank_zero_alone_writes(tmp_path):
+    """Under tensor parallelism every rank runs the same batches (the hooks see whole tensors) and rank 0 writes."""
+    pytest.importorskip("accelerate")
+    if not torch.distributed.is_available():
+        pytest.skip("torch without torch.distributed")
+    from conftest import char_tokenizer, make_hf
+
+    make_hf("llama").save_pretrained(tmp_path / "model")
+    opts = {"docs": 20, "shard_size": 8192, "batch_size": 4, "torchrun": True}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(WORKER),
+               json.dumps({**opts, "out": str(tmp_path / "tp"), "tp_model": str(tmp_path / "model")})]  # fmt: skip
+    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    tp = ActivationStore(tmp_path / "tp")
+    assert tp.manifest["complete"] and tp.manifest["world_size"] == 1
+    assert {f.name.split("-")[1] for f in (tmp_path / "tp").glob("shard-*")} == {"r0"}
+    whole = TransformerBridge.from_pretrained(str(tmp_path / "model"), tokenizer=char_tokenizer())
+    one = run({**opts, "out": str(tmp_path / "one")}, whole)
+    assert torch.equal(tp.tokens.to_tensor(), one.tokens.to_tensor())
+    torch.testing.assert_close(tp.read().to_tensor(), one.read().to_tensor(), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.real
 def test_smollm2_rows_equal_the_model_on_each_window(smollm2, tmp_path):
     texts = ["The Eiffel Tower is located in Paris.", "Water boils at 100 degrees Celsius at sea level."]

@@ -44,6 +44,7 @@ class Plan:
     rank: int
     world: int  # data-parallel world (1 under tensor parallelism, where every rank runs the same data)
     writes: bool  # False on tensor-parallel ranks other than 0
+    tensor_parallel: bool
     max_tokens: int | None
     config: dict[str, Any]
 
@@ -65,17 +66,17 @@ def parse_bytes(value: int | str, param: str) -> int:
     return check_int(param, value, minimum=1, hint="Give bytes, or a string such as '256MB'.")
 
 
-def ranks(model: BridgeCore) -> tuple[int, int, bool]:
-    """``(rank, data-parallel world, writes)``: under ``torchrun`` each process harvests its share of the data;
-    under tensor parallelism every rank runs the same batches and rank 0 alone writes."""
+def ranks(model: BridgeCore) -> tuple[int, int, bool, bool]:
+    """``(rank, data-parallel world, writes, tensor parallel)``: under ``torchrun`` each process harvests its share
+    of the data; under tensor parallelism every rank runs the same batches and rank 0 alone writes."""
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
         rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and tp_mesh(model.hf_model) is not None:
-        return rank, 1, rank == 0
-    return rank, world, True
+        return rank, 1, rank == 0, True
+    return rank, world, True, False
 
 
 def needed_layers(names: list[str]) -> int | None:
@@ -131,7 +132,7 @@ def resolve(
     shapes = _row_shapes(model, points, stop)
     row_bytes = sum(math.prod(s) for s in shapes.values()) * storage.itemsize + 16  # + token, document, position
     shard_rows = max(1, parse_bytes(shard_size, "shard_size") // row_bytes)
-    rank, world, writes = ranks(model)
+    rank, world, writes, tensor_parallel = ranks(model)
     config = {
         "hook_names": points, "shapes": shapes, "dtype": str(storage).removeprefix("torch."),
         "context_length": context_length, "batch_size": batch_size, "stop_at_layer": stop,
@@ -139,7 +140,7 @@ def resolve(
         "world_size": world, "max_tokens": max_tokens, "model": model_info(model),
     }  # fmt: skip
     return Plan(points, shapes, storage, stop, context_length, batch_size, exclude, bos, shard_rows, rank, world,
-                writes, max_tokens, config)  # fmt: skip
+                writes, tensor_parallel, max_tokens, config)  # fmt: skip
 
 
 def _dtype(dtype: Any, default: torch.dtype) -> torch.dtype:

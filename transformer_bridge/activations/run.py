@@ -97,7 +97,8 @@ def harvest(
     if not manifest["complete"]:
         seen: dict[str, str] = {}
         cursor = Cursor(**manifest["cursor"])
-        stream = windows(kind, documents, plan.context_length, cursor, model.tokenizer, plan.prepend_bos, plan.rank,
+        share = plan.rank if plan.world > 1 else 0  # tensor-parallel ranks all run the whole data
+        stream = windows(kind, documents, plan.context_length, cursor, model.tokenizer, plan.prepend_bos, share,
                          plan.world, seen)  # fmt: skip
         stream = _checked(stream, seen, manifest["first_document"], out)
         _Harvester(model, plan, out, manifest_path, manifest, progress, seen).run(_limited(stream, plan, manifest))
@@ -317,7 +318,7 @@ class _Harvester:
 def _finish(out: Path, plan: Plan) -> ActivationStore:
     """Under data parallelism, wait for every rank and merge their manifests (rank 0); then open the store."""
     dist = torch.distributed
-    synced = plan.world > 1 or not plan.writes
+    synced = plan.world > 1 or plan.tensor_parallel
     if synced and dist.is_available() and dist.is_initialized():
         dist.barrier()
     if plan.world > 1 and plan.rank == 0:
