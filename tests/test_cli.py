@@ -88,7 +88,7 @@ def test_every_declared_command_line_option_is_a_flag_of_generate():
     objects = {"input", "inputs", "input_ids", "attention_mask", "token_type_ids", "generation_config",
                "use_past_kv_cache", "logits_processor", "generator", "tokenizer", "stopping_criteria", "streamer",
                "return_dict", "return_dict_in_generate", "top_logprobs", "output_logits", "output_scores",
-               "return_cache", "device", "padding_side", "controller", "assistant_model",
+               "return_cache", "return_input_tokens", "device", "padding_side", "controller", "assistant_model",
                "num_assistant_tokens"}  # fmt: skip
     assert {o.name for o in OPTIONS if o.cli is None} == objects
 

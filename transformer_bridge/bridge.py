@@ -10,6 +10,7 @@ from .compat.weights import WeightProperties
 from .core import BridgeConfig, BridgeCore
 from .generation import generate as _generate
 from .generation import generate_stream as _generate_stream
+from .generation.hf_generate import hf_generate as _hf_generate
 from .relevance import forward_pass as _forward_pass
 from .relevance import relevance as _relevance
 from .steering import steer as _steer
@@ -34,6 +35,7 @@ class TransformerBridge(Components, TokenHelpers, WeightProperties, BridgeCore):
 
     generate = _generate
     generate_stream = _generate_stream
+    hf_generate = _hf_generate
     forward_pass = _forward_pass
     relevance = _relevance
     steer = _steer

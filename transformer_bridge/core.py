@@ -299,20 +299,12 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
         """
         if self.adapter.ssm is not None and attention_mask is not None:
             attention_mask = attention_mask[:, -tokens.shape[1] :]  # Mamba masks only its input positions
-        config = self.hf_model.config
-        users = config._attn_implementation
-        # Checked at every call: the user may have switched the HF model's implementation since.
-        bridged = attention.bridge_implementation(users)
-        outer_stash = dict(self._stash)  # a forward run from inside a hook must not clear the outer one's
-        self._stash.clear()
-        if self.adapter.attn_registry:  # GPT-J, GPT-Neo, Falcon branch on the name and never call the registry
-            config._attn_implementation = bridged
         # Under torch.compile, reading `_live` is also a guard: compiled code is retraced when hooks come or go.
         armed = arm_sites(self._live) if self._live and checked else None
         try:
-            with self._context(ctx):
+            with self.bridged(ctx):
                 out = self.hf_model(
-                    input_ids=tokens,
+                    input_ids=None if "inputs_embeds" in hf_kwargs else tokens,  # embeddings: ``tokens`` give the shape
                     attention_mask=attention_mask,
                     position_ids=position_ids,
                     **self._cache_kwargs(past_key_values, use_cache),
@@ -322,12 +314,35 @@ class BridgeCore(nn.Module, HookRegistry, Tokens):
             if armed:
                 check_sites(self.hook_dict, self._sites_for, armed)
         finally:
-            config._attn_implementation = users
-            self._stash.clear()
-            self._stash.update(outer_stash)
             if armed:
                 disarm_sites(armed)
         return out
+
+    @contextlib.contextmanager
+    def bridged(self, ctx: HookContext | None) -> Iterator[None]:
+        """Around calls of the HF model: its attention runs through the bridge's registered implementation (so
+        attention points can fire), hooks see ``ctx`` as ``hook.ctx``, and the per-forward stash is the call's own.
+        `run_model` runs each forward inside it; `hf_generate` runs HF's whole ``generate`` inside it.
+
+        Example:
+            >>> with model.bridged(None):
+            ...     out = model.hf_model.generate(tokens, max_new_tokens=4)
+        """
+        config = self.hf_model.config
+        users = config._attn_implementation
+        # Checked at every call: the user may have switched the HF model's implementation since.
+        bridged = attention.bridge_implementation(users)
+        outer_stash = dict(self._stash)  # a forward run from inside a hook must not clear the outer one's
+        self._stash.clear()
+        if self.adapter.attn_registry:  # GPT-J before 5.24, GPT-Neo, Falcon branch on the name: no registry
+            config._attn_implementation = bridged
+        try:
+            with self._context(ctx):
+                yield
+        finally:
+            config._attn_implementation = users
+            self._stash.clear()
+            self._stash.update(outer_stash)
 
     def _cache_kwargs(self, past_key_values: Any, use_cache: bool | None) -> dict[str, Any]:
         if past_key_values is not None:

@@ -16,6 +16,7 @@ time). Controllers: ``branch.py`` (`Branch`, `View`), ``grammar.py`` (llguidance
 (`force`, `stop_on`). Output: ``outputs.py`` (`GenerationOutput`), ``stream.py`` (`generate_stream`).
 """
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, overload
@@ -147,6 +148,7 @@ def generate(
     top_logprobs: int = 0,
     output_logits: bool | None = None,
     output_scores: bool | None = None,
+    return_input_tokens: bool = False,
     return_cache: bool = False,
     names_filter: NamesFilter = None,
     device: str | torch.device | None = None,
@@ -176,7 +178,8 @@ def generate(
             tokens = tokens.repeat_interleave(n, dim=0)
             mask = mask.repeat_interleave(n, dim=0)
         if request.controller is None and drafts is None:
-            out = decode.generate(model, tokens, mask, p, static, static and compile)
+            embeds = None if request.embeds is None else request.embeds.repeat_interleave(n, dim=0)
+            out = decode.generate(model, tokens, mask, p, static, static and compile, embeds)
         else:  # the row driver: a controller, speculative decoding (`drafts`), or both
             controllers = [None] * len(tokens)
             if request.controller is not None:
@@ -189,18 +192,39 @@ def generate(
             steps = request.max_steps if request.controller is not None else None
             out = control.generate(model, tokens, mask, p, controllers, steps, kv, static and compile, drafts)
 
+    if request.embeds is not None:  # the placeholder prompt is no output: generated tokens only, as HF
+        out = dataclasses.replace(out, sequences=out.sequences[:, out.prompt_width :],
+                                  attention_mask=out.attention_mask[:, out.prompt_width :], prompt_width=0,
+                                  prompt_lengths=torch.zeros_like(out.prompt_lengths))  # fmt: skip
     cache = decode.recompute_cache(model, out, request.names, request.device) if request.return_cache else None
     if request.text_out:
         out.text = _texts(model, request.prompts, out, n)
     if request.hf_layout and isinstance(out.logits, Tensor):
         out.logits = tuple(out.logits.unbind(1))
+    kind = return_type if return_type != "input" or request.embeds is None else "embeds"
     if request.return_dict:
         result: Any = out
+    elif kind == "embeds":
+        result = _embeddings(model, request, out, n)
     elif out.text is not None:
         result = out.text[0] if request.single and len(out.text) == 1 else out.text
     else:
         result = out.sequences
-    return (result, cache) if request.return_cache else result
+    extras = (cache,) if request.return_cache else ()
+    if request.return_input_tokens:
+        extras += (request.tokens if request.embeds is None else request.embeds,)
+    return (result, *extras) if extras else result
+
+
+def _embeddings(model: BridgeCore, request: resolve.Request, out: GenerationOutput, n: int) -> Tensor:
+    """``return_type="embeds"``: the output as embeddings ``[batch, pos, d_model]`` (the model's input embeddings of
+    its tokens, HF's ``inputs_embeds`` convention, so they can be fed back as a prompt); a prompt given as
+    embeddings is kept as it was given."""
+    embed = model.hf_model.get_input_embeddings()
+    new = embed(out.sequences)
+    if request.embeds is None:
+        return new
+    return torch.cat([request.embeds.repeat_interleave(n, dim=0), new.to(request.embeds.dtype)], dim=1)
 
 
 _GENERATE_DOC = """Generate up to ``max_new_tokens`` tokens per row with the model's KV cache.
@@ -281,6 +305,8 @@ def generate_stream(
     every = check_int("max_tokens_per_yield", max_tokens_per_yield, minimum=1)
     given = {"input": input, "max_new_tokens": max_new_tokens, **_STREAM_DEFAULTS, **options, **_STREAM_FIXED}
     request = resolve.prepare(model, given)
+    if request.embeds is not None:
+        raise ValueError("`generate_stream` takes token ids or text; for a prompt given as embeddings call `generate`.")
     if request.plan.search.num_beams > 1:
         raise ValueError(
             f"`generate_stream` decodes one token per row and step, but the generation config sets "

@@ -153,8 +153,10 @@ _SPEC_PATHS = ALL - {"stream", "beams"}
 
 OPTIONS: tuple[Option, ...] = (
     # -- the prompt ------------------------------------------------------------------------------------------------
-    Option("input", None, "text, a list of texts (left-padded for you), token ids ``[batch, pos]``, or a tokenizer's "
-           "output; none at all starts from BOS (as HF).", _PROMPT, source="tl"),
+    Option("input", None, "text, a list of texts (left-padded for you), token ids ``[batch, pos]``, a tokenizer's "
+           "output, or embeddings ``[batch, pos, d_model]`` (a float tensor: HF's ``inputs_embeds``; processors "
+           "and stopping rules then see the generated tokens only, as in HF); none at all starts from BOS (as HF).",
+           _PROMPT, source="tl"),
     Option("max_new_tokens", None, "tokens to generate per row at most (prompt + this must fit the context). "
            "Default: the configs', else 20 (fewer if the context ends first).", _LENGTH, config=True, cli="int"),
     Option("inputs", None, "HF's name for ``input``.", _PROMPT, alias_of="input"),
@@ -268,7 +270,8 @@ OPTIONS: tuple[Option, ...] = (
            "known at the end; a controller may take tokens back)."),
     Option("verbose", False, "show a progress bar over decode steps.", _OUT, source="tl", cli="bool"),
     Option("return_type", "input", "``\"input\"``: text in → text out (prompt + completion), tokens in → tokens "
-           "out; or force ``\"str\"`` / ``\"tokens\"``.", _OUT, source="tl", cli="str"),
+           "out, embeddings in → embeddings out; or force ``\"str\"``, ``\"tokens\"`` or ``\"embeds\"`` (the "
+           "output's input embeddings, HF's ``inputs_embeds`` convention).", _OUT, source="tl", cli="str"),
     Option("return_dict", False, "return a `GenerationOutput` (sequences, mask, prompt lengths, finish reasons, "
            "per-step log-probabilities).", _OUT, source="bridge", paths=_NOT_STREAM, elsewhere=_STREAM_RECORDS),
     Option("return_dict_in_generate", None, "HF's ``return_dict``: the same `GenerationOutput`, with ``scores`` and "
@@ -280,6 +283,9 @@ OPTIONS: tuple[Option, ...] = (
            config=True, paths=ALL - {"stream", "beams"}, elsewhere=_STREAM_RECORDS + " " + _NO_RECORDS_BEAMS),
     Option("output_scores", None, "with ``return_dict``: HF's ``scores`` (processed, and warped when sampling).",
            _OUT, config=True, paths=ALL - {"stream", "beams"}, elsewhere=_STREAM_RECORDS + " " + _NO_RECORDS_BEAMS),
+    Option("return_input_tokens", False, "also return the prompt as fed to the model (left-padded ids, BOS "
+           "handling done; or the embeddings): ``(output, input_tokens)``, ``(output, cache, input_tokens)`` with "
+           "``return_cache``.", _OUT, source="tl", paths=_NOT_STREAM, elsewhere=_STREAM_RECORDS),
     Option("return_cache", False, "also return an `ActivationCache` of prompt + generated tokens: one extra "
            "forward under the active hooks, equal bitwise to ``run_with_cache`` on the output.", _OUT,
            source="bridge", paths=_NOT_STREAM, elsewhere=_STREAM_CACHE),

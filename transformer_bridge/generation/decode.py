@@ -92,9 +92,10 @@ def generate(
     p: Plan,
     static: bool = False,
     compile: bool = False,
+    embeds: Float[Tensor, "batch pos d_model"] | None = None,
 ) -> GenerationOutput:
     """Greedy or sampled decoding of a left-padded batch: `decode_steps` run to the end."""
-    steps = decode_steps(model, tokens, mask, p, static, compile)
+    steps = decode_steps(model, tokens, mask, p, static, compile, embeds)
     while True:
         try:
             next(steps)
@@ -109,6 +110,7 @@ def decode_steps(
     p: Plan,
     static: bool = False,
     compile: bool = False,
+    embeds: Float[Tensor, "batch pos d_model"] | None = None,
 ) -> Generator[tuple[Int[Tensor, " batch"], Int[Tensor, " batch"]], None, GenerationOutput]:
     """The decode loop as a generator: yields each step's tokens as soon as they are chosen, returns the output.
 
@@ -119,6 +121,8 @@ def decode_steps(
     are cut).
     `generate_stream` iterates it: the next forward runs only when the next token is asked for.
     ``static`` / ``compile``: the static cache and the compiled one-token step (see the module docstring).
+    ``embeds``: the prompt as embeddings (``tokens`` are placeholders): the prefill feeds them, and processors and
+    stopping rules see the generated tokens only, as in HF's ``generate(inputs_embeds=...)``.
     """
     batch, width = tokens.shape
     total = width + p.max_new_tokens
@@ -142,23 +146,25 @@ def decode_steps(
         p.streamer.put(tokens.cpu())
 
     n_new = 0
+    shown = 0 if embeds is None else width  # the columns processors and stopping rules see start here
     real = mask.bool()
     ctx = HookContext("prefill", 0, positions[:, :width], ~real, torch.zeros_like(real), "prompt")
     if kv is not None:
-        logits = run_chunk(model, kv, tokens, mask if padded else None, positions[:, :width], ctx, 1)[:, -1]
+        logits = run_chunk(model, kv, tokens, mask if padded else None, positions[:, :width], ctx, 1, None, embeds)
+        logits = logits[:, -1]
     else:
         logits = _last_logits(model, tokens, mask if padded else None, ctx, None, positions[:, :width])
     with _progress(p) as steps:
         for i in steps:
             cur = width + i
-            token, scores = next_token(logits, seq[:, :cur], full_mask[:, :cur], p)
+            token, scores = next_token(logits, seq[:, shown:cur], full_mask[:, shown:cur], p)
             records.add(logits, scores, token)
             token = token.masked_fill(done, p.pad_token_id)
             seq[:, cur] = token
             full_mask[:, cur] = ~done
             positions[:, cur] = positions[:, cur - 1] + (~done).long()
             if p.stopping.per_row:
-                code = p.stopping.check(seq[:, : cur + 1], scores)
+                code = p.stopping.check(seq[:, shown : cur + 1], scores)
                 newly = (code > 0) & ~done
                 reason = torch.where(newly, code, reason)
                 done |= newly

@@ -223,21 +223,25 @@ def run_chunk(
     ctx: HookContext,
     keep: int | Tensor,
     step: Callable | None = None,
+    embeds: Float[Tensor, "batch chunk d_model"] | None = None,
 ) -> Float[Tensor, "batch kept d_vocab"]:
     """One forward of ``tokens`` over ``kv`` (appending them); the logits of the kept positions.
 
     ``mask`` covers cached + new columns (None: no padding anywhere, HF's fastest path); ``keep`` is
     ``logits_to_keep``. ``step``: a compiled one-token step (`fast.compiled_step`), used when the chunk is
-    one token per row over a static cache; every other chunk runs eagerly.
+    one token per row over a static cache; every other chunk runs eagerly. ``embeds``: the chunk given as
+    embeddings (HF's ``inputs_embeds``; ``tokens`` are then placeholders for its shape).
     """
     width = tokens.shape[1]
     kv.reserve(width)
     key_mask = None if mask is None else kv.key_mask(mask)
     extra = kv.chunk_kwargs(width)
     logits = None
-    if step is not None and kv.static and width == 1 and not fast.refused(model):
+    if step is not None and kv.static and width == 1 and embeds is None and not fast.refused(model):
         logits = _compiled(model, kv, step, tokens, key_mask, positions, ctx, extra["cache_position"])
     if logits is None:
+        if embeds is not None:
+            extra = {**extra, "inputs_embeds": embeds}
         out = model.run_model(tokens, key_mask, ctx, past_key_values=kv.cache, position_ids=positions,
                               logits_to_keep=keep, **extra)  # fmt: skip
         logits = out.logits

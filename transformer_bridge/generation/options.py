@@ -64,8 +64,11 @@ class Plan:
     verbose: bool
 
 
-def plan(model: BridgeCore, prompt_width: int, o: Mapping[str, Any]) -> Plan:
+def plan(model: BridgeCore, prompt_width: int, from_embeds: bool, o: Mapping[str, Any]) -> Plan:
     """Validate and resolve `generate`'s options (``o``, by `generate`'s names); raises naming the parameter.
+
+    ``from_embeds``: the prompt came as embeddings, so processors and stopping rules see the generated tokens
+    only (as in HF's ``generate(inputs_embeds=...)``).
 
     The options arrive resolved (`resolve.prepare`: HF's generation configs, the HF / TransformerLens
     spellings and `generate`'s defaults): ``do_sample`` is a bool, the lengths are counts of new tokens.
@@ -107,10 +110,11 @@ def plan(model: BridgeCore, prompt_width: int, o: Mapping[str, Any]) -> Plan:
     tokenizer = model.tokenizer if o["tokenizer"] is None else o["tokenizer"]
     stop_strings = _stop_strings(o["stop_strings"], tokenizer)
     criteria = _criteria(o["stopping_criteria"])
-    stopping = Stopping(eos, prompt_width, stop_strings, tokenizer, criteria, _max_time(o["max_time"]), start)
+    shown = 0 if from_embeds else prompt_width  # the width of the prompt processors and stopping rules see
+    stopping = Stopping(eos, shown, stop_strings, tokenizer, criteria, _max_time(o["max_time"]), start)
     generator = _generator(o["seed"], o["generator"], model.device)
     sampler = build_sampler(
-        prompt_width=prompt_width, max_new_tokens=max_new_tokens, eos_token_ids=eos, d_vocab=d_vocab,
+        prompt_width=shown, max_new_tokens=max_new_tokens, eos_token_ids=eos, d_vocab=d_vocab,
         device=model.device, options={**o, "freq_penalty": freq_penalty}, greedy=greedy, warpers=warpers,
         generator=generator,
     )  # fmt: skip
@@ -225,13 +229,15 @@ def _stop_strings(stop_strings: object, tokenizer: Any) -> list[str]:
 
 
 def _criteria(stopping_criteria: object) -> list[Callable]:
+    """A list of criteria, HF's ``StoppingCriteriaList``, or one criterion alone (TransformerLens takes that)."""
     if stopping_criteria is None:
         return []
+    if callable(stopping_criteria) and not isinstance(stopping_criteria, Sequence):
+        stopping_criteria = [stopping_criteria]
     if not isinstance(stopping_criteria, Sequence):
-        wrap = " Wrap a single criterion in a list: `[criterion]`." if callable(stopping_criteria) else ""
         raise ArgumentTypeError(
-            f"`stopping_criteria` must be a list of callables `(input_ids, scores) -> bool tensor [batch]`, got "
-            f"{describe(stopping_criteria)}.{wrap}"
+            f"`stopping_criteria` must be a callable `(input_ids, scores) -> bool tensor [batch]` or a list of them, "
+            f"got {describe(stopping_criteria)}."
         )
     for i, c in enumerate(stopping_criteria):
         if not callable(c):

@@ -68,6 +68,8 @@ class Request:
     speculation: dict[str, Any] | None = None  # as given; `speculative.drafter` checks them
     cache_implementation: Any = "dynamic"  # as given, with `compile`; `fast.check` checks them
     compile: Any = False
+    embeds: Tensor | None = None  # the prompt as embeddings [batch, pos, d_model] (``tokens`` are placeholders)
+    return_input_tokens: bool = False
 
 
 class Settings:
@@ -100,9 +102,11 @@ class Settings:
 def prepare(model: BridgeCore, a: Mapping[str, Any]) -> Request:
     """Resolve every argument of `generate` (``a``: its arguments by name, see the module docstring); raises
     before any forward. The defaults live in `generate`'s signature only; the names are `generate`'s."""
-    if not isinstance(a["return_type"], str) or a["return_type"] not in ("input", "str", "tokens"):
-        raise ValueError(f"`return_type` must be 'input', 'str' or 'tokens', got {describe(a['return_type'])}.")
-    for name in ("return_cache", "return_dict"):
+    if not isinstance(a["return_type"], str) or a["return_type"] not in ("input", "str", "tokens", "embeds"):
+        raise ValueError(
+            f"`return_type` must be 'input', 'str', 'tokens' or 'embeds', got {describe(a['return_type'])}."
+        )
+    for name in ("return_cache", "return_dict", "return_input_tokens"):
         check_bool(name, a[name])
     if a["prepend_bos"] is not None:
         check_bool("prepend_bos", a["prepend_bos"])
@@ -120,17 +124,12 @@ def prepare(model: BridgeCore, a: Mapping[str, Any]) -> Request:
     settings = Settings(_user_config(a["generation_config"]), getattr(model.hf_model, "generation_config", None))
     _check_configs(settings)
     given = (a["input"], a["inputs"], a["input_ids"])
-    tokens, mask, prompts, single = _prompt(
-        model,
-        settings,
-        given,
-        a["attention_mask"],
-        a["token_type_ids"],
-        a["prepend_bos"],
-        a["padding_side"],
-        a["pad_token_id"],
-        a["eos_token_id"],
-    )
+    tokens, mask, embeds, prompts, single = _prompt(
+        model, settings, given, a["attention_mask"], a["token_type_ids"], a["prepend_bos"], a["padding_side"],
+        a["pad_token_id"], a["eos_token_id"],
+    )  # fmt: skip
+    if embeds is not None:
+        _check_embeds_options(a)
     text_out = a["return_type"] == "str" or (a["return_type"] == "input" and prompts is not None)
     if text_out:
         model._require_tokenizer()
@@ -153,7 +152,7 @@ def prepare(model: BridgeCore, a: Mapping[str, Any]) -> Request:
         outputs = {k: v if settings.by_user(k, v) else False for k, v in outputs.items()}
     outputs = {k: settings(k, v, False) for k, v in outputs.items()}
 
-    plan = options.plan(model, width, ChainMap({  # what is resolved here, else the argument as given
+    plan = options.plan(model, width, embeds is not None, ChainMap({  # resolved here, else the argument as given
         **{name: settings(name, a[name], BY_NAME[name].fallback) for name in CONFIG_FIELDS},
         "max_new_tokens": max_new, "min_new_tokens": min_new, "do_sample": do_sample, **warpers,
         "use_cache": settings("use_cache", use_cache if use_cache is not None else tl_use_cache, True),
@@ -163,7 +162,8 @@ def prepare(model: BridgeCore, a: Mapping[str, Any]) -> Request:
     steps = _control(a["controller"], a["max_steps"], plan)
     speculation = {name: a[name] for name in ("prompt_lookup_num_tokens", "assistant_model", "num_assistant_tokens")}
     return Request(tokens, mask, prompts, single, text_out, plan, return_dict, hf_layout, return_cache, names, device,
-                   a["controller"], steps, speculation, a["cache_implementation"], a["compile"])  # fmt: skip
+                   a["controller"], steps, speculation, a["cache_implementation"], a["compile"], embeds,
+                   a["return_input_tokens"])  # fmt: skip
 
 
 def _user_eos(settings: Settings, eos_token_id: Any) -> Any:
@@ -224,8 +224,9 @@ def _prompt(
     padding_side: str | None,
     pad_token_id: Any,
     eos_token_id: Any,
-) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"], list[str] | None, bool]:
-    """The left-padded prompt from whichever form it came in; the text prompts; whether it was one str.
+) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"], Tensor | None, list[str] | None, bool]:
+    """The left-padded prompt from whichever form it came in (with its embeddings when given as such); the text
+    prompts; whether it was one str.
 
     Token ids without a mask get the one HF's ``generate`` builds (`inputs.hf_generate_mask`: pad ids are
     padding when the pad id, as HF resolves it, is not an EOS id), so the output equals HF's on the same ids.
@@ -245,6 +246,9 @@ def _prompt(
     text = isinstance(source, str) or (
         isinstance(source, (list, tuple)) and bool(source) and isinstance(source[0], str)
     )
+    if isinstance(source, Tensor) and source.is_floating_point():  # embeddings (HF's inputs_embeds)
+        tokens, mask, embeds = _embeddings(model, source, attention_mask)
+        return tokens, mask, embeds, None, False
     if not text and attention_mask is None and isinstance(source, Tensor):  # HF generate's rule for bare ids
         attention_mask = hf_generate_mask(source, *_hf_pad_and_eos(settings, pad_token_id, eos_token_id))
     tokens, mask = model.prepare_input(source, attention_mask, prepend_bos)
@@ -253,7 +257,39 @@ def _prompt(
     if not text:
         tokens, mask = left_aligned(model, tokens, mask)
     prompts = None if not text else [source] if isinstance(source, str) else list(source)
-    return tokens, mask, prompts, isinstance(source, str)
+    return tokens, mask, None, prompts, isinstance(source, str)
+
+
+def _embeddings(
+    model: BridgeCore, embeds: Tensor, attention_mask: Tensor | None
+) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"], Tensor]:
+    """A prompt given as embeddings ``[batch, pos, d_model]`` (HF's ``inputs_embeds``, TransformerLens' float
+    input): placeholder token ids (the pad id; no processor or stopping rule sees them) and the mask."""
+    embeds = embeds[None] if embeds.dim() == 2 else embeds
+    if embeds.dim() != 3 or embeds.shape[-1] != model.cfg.d_model or 0 in embeds.shape[:2]:
+        raise ValueError(
+            f"A float `input` is the prompt's embeddings [batch, pos, d_model={model.cfg.d_model}], got shape "
+            f"{tuple(embeds.shape)}."
+        )
+    placeholders = torch.full(embeds.shape[:2], model.pad_token_id, dtype=torch.long)
+    _, mask = model.prepare_input(placeholders, attention_mask, left_padded=True)
+    device = model.device
+    return placeholders.to(device), mask, embeds.to(device=device, dtype=model.cfg.dtype)
+
+
+# What a prompt given as embeddings cannot go with: these run the prompt's token ids again.
+_NOT_WITH_EMBEDS = {"num_beams": 1, "controller": None, "prompt_lookup_num_tokens": None, "assistant_model": None,
+                    "return_cache": False, "use_cache": None, "use_past_kv_cache": None}  # fmt: skip
+
+
+def _check_embeds_options(a: Mapping[str, Any]) -> None:
+    for name, neutral in _NOT_WITH_EMBEDS.items():
+        value = a[name]
+        if value is not None and value != neutral and not (name in ("use_cache", "use_past_kv_cache") and value):
+            raise ValueError(
+                f"`{name}`={describe(value)} cannot be combined with a prompt given as embeddings: it would run the "
+                "prompt's token ids again, which embeddings do not have. Pass token ids, or drop it."
+            )
 
 
 def _hf_pad_and_eos(settings: Settings, pad_token_id: Any, eos_token_id: Any) -> tuple[int | None, list[int]]:
