@@ -1,7 +1,8 @@
-"""`HookContext`: what the chunk of tokens a hook sees is (``hook.ctx``), in a forward or a generation step."""
+"""`HookContext`: what the chunk of tokens a hook sees is (``hook.ctx``), in a forward or a generation step;
+`PointContext`: the per-point dict that ``hook.ctx`` is, which also answers the current chunk's attributes."""
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -62,3 +63,30 @@ class HookContext:
             generated = positions >= n_prompt.to(positions.device)[:, None]
             generated &= real
         return HookContext(phase, step, positions, ~real, generated)
+
+
+class PointContext(dict):
+    """``hook.ctx``: TransformerLens' per-point dict (``hook.ctx["key"] = value`` survives across
+    forwards until ``hook.clear_context()``), which also answers the attributes of the current
+    chunk's `HookContext` (``hook.ctx.phase``, ``hook.ctx.positions`` …) while a bridge call runs.
+
+    Example:
+        >>> def remember(x, hook):
+        ...     hook.ctx["last_norm"] = x.norm()
+        ...     print(hook.ctx.phase)
+    """
+
+    def __init__(self, point: Any) -> None:
+        super().__init__()
+        self._point = point
+
+    def __getattr__(self, name: str) -> object:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        ctx = self._point._owner.ctx
+        if ctx is None:
+            raise AttributeError(
+                f"hook.ctx.{name} describes the chunk being computed and exists only while a bridge call runs; "
+                "keep `hook.chunk` (a HookContext) to read it later."
+            )
+        return getattr(ctx, name)

@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .context import HookContext
+from .context import HookContext, PointContext
 from .hook_checks import _saved_for_backward, check_hook_fn, check_replacement
 from .names import HookNames, LayerOutOfRangeError, NameFilter, NotCachedError, UnknownHookError
 
@@ -33,33 +33,6 @@ __all__ = [
 ]
 
 
-class PointContext(dict):
-    """``hook.ctx``: TransformerLens' per-point dict (``hook.ctx["key"] = value`` survives across
-    forwards until ``hook.clear_context()``), which also answers the attributes of the current
-    chunk's `HookContext` (``hook.ctx.phase``, ``hook.ctx.positions`` …) while a bridge call runs.
-
-    Example:
-        >>> def remember(x, hook):
-        ...     hook.ctx["last_norm"] = x.norm()
-        ...     print(hook.ctx.phase)
-    """
-
-    def __init__(self, point: "HookPoint") -> None:
-        super().__init__()
-        self._point = point
-
-    def __getattr__(self, name: str) -> object:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        ctx = self._point._owner.ctx
-        if ctx is None:
-            raise AttributeError(
-                f"hook.ctx.{name} describes the chunk being computed and exists only while a bridge call runs; "
-                "keep `hook.chunk` (a HookContext) to read it later."
-            )
-        return getattr(ctx, name)
-
-
 class HookPoint:
     """A named activation. Holds the functions registered on it; the bridge runs them.
 
@@ -75,20 +48,25 @@ class HookPoint:
         ...     print(hook.name, hook.layer(), hook.ctx.phase, tuple(resid.shape))
     """
 
-    def __init__(self, name: str, owner: "HookRegistry") -> None:
+    def __init__(self, name: str | None = None, owner: "HookRegistry | None" = None) -> None:
         self.name = name
-        self._owner = owner
-        parts = name.split(".")
+        parts = (name or "").split(".")
         # Block index; model-level points before the blocks are -1, those after them are large.
-        self.layer_index = int(parts[1]) if parts[0] == "blocks" else (-1 if name.startswith("hook_") else 1 << 30)
+        self.layer_index = int(parts[1]) if parts[0] == "blocks" else (-1 if parts[0].startswith("hook_") else 1 << 30)
         self.fwd_hooks: list[_Entry] = []
         self.bwd_hooks: list[_Entry] = []
         self._ctx = PointContext(self)
         # Set on points a tensor-parallel plan splits (`distributed.ShardSpec`): their hooks see the gathered tensor.
         self.shard = None
+        if owner is None:  # TransformerLens' standalone `HookPoint()`: its own registry; calling it runs the hooks
+            owner = _Standalone()
+            owner._set_points({"": self}, 0)
+        self._owner = owner
 
     def __repr__(self) -> str:
-        return f"HookPoint({self.name!r}, fwd={len(self.fwd_hooks)}, bwd={len(self.bwd_hooks)})"
+        bits = [f"name={self.name!r}"] if self.name is not None else []
+        bits += [f"{len(hooks)} {d}" for d, hooks in (("fwd", self.fwd_hooks), ("bwd", self.bwd_hooks)) if hooks]
+        return f"HookPoint({', '.join(bits)})"
 
     @property
     def ctx(self) -> PointContext:
@@ -495,6 +473,13 @@ class HookRegistry:
             yield
         finally:
             self.ctx = previous
+
+
+class _Standalone(HookRegistry):
+    """The registry of a standalone `HookPoint` (no model): nothing to attach, the point runs when called."""
+
+    def _sync(self, point: HookPoint) -> None:
+        pass
 
 
 def _hook_pairs(pairs: object, param: str) -> list[tuple[tuple[NameFilter, HookFn], str]]:

@@ -86,3 +86,17 @@ def test_unembed_points_are_lm_heads_input_and_output(model):
     torch.testing.assert_close(cache["unembed.hook_in"], out.hidden_states[-1], atol=0, rtol=0)
     halve = model.run_with_hooks(TOKENS, fwd_hooks=[("unembed.hook_in", lambda x, hook: x * 0.5)])
     assert not torch.allclose(halve, logits)
+
+
+def test_standalone_hook_point_is_an_identity_with_hooks():
+    from transformer_bridge import HookPoint
+
+    point = HookPoint()
+    assert repr(point) == "HookPoint()" and not point.has_hooks()
+    point.add_hook(lambda x, hook: x + 1, level=2)
+    point.add_hook(noop, dir="bwd", is_permanent=True)
+    assert repr(point) == "HookPoint(1 fwd, 1 bwd)"
+    assert point.has_hooks(level=2) and not point.has_hooks("bwd", including_permanent=False)
+    assert torch.equal(point(torch.zeros(2)), torch.ones(2))
+    point.remove_hooks("both", including_permanent=True)
+    assert not point.has_hooks() and torch.equal(point(torch.zeros(2)), torch.zeros(2))
