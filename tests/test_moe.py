@@ -9,7 +9,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformer_bridge import TransformerBridge
 from transformer_bridge.compat.weights import MLP_WEIGHTS
 from transformer_bridge.moe import route
-from transformer_bridge.names import get_act_name
+from transformer_bridge import get_act_name
 from transformer_bridge.sites import get_module
 
 TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(7))
@@ -59,7 +59,7 @@ def test_points_shapes_and_config(model):
     # Dense-MLP points do not exist on a mixture-of-experts block (they do on Llama 4's dense block 0).
     for name in ("mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post"):
         assert f"blocks.{LAYER}.{name}" not in model.hook_dict
-    assert ("blocks.0.mlp.hook_post" in model.hook_dict) == (c.model_type in ("llama4_text", "deepseek_v3"))
+    assert ("blocks.0.mlp.hook_post" in model.hook_dict) == (c.model_type in ("llama4_text", "deepseek_v3", "glm4_moe"))
     with pytest.raises(ValueError, match="mixture-of-experts"):
         MLP_WEIGHTS["W_in"](model, LAYER)
 

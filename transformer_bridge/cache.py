@@ -14,9 +14,9 @@ from torch import Tensor
 
 from . import cache_tl
 from .checks import ArgumentValueError, check_device
-from .names import HookNames, NotCachedError, get_act_name, tl4_spelling
+from .names import HookNames, NotCachedError, tl4_spelling
 from .utils import Slice
-from .utils import get_act_name as tl_act_name
+from .utils import get_act_name
 
 
 class CacheModel(Protocol):
@@ -566,6 +566,6 @@ def _tl_compact_name(key: Any) -> str | None:
     if not isinstance(key, str) or "." in key or key.startswith("hook_"):
         return None
     try:
-        return tl_act_name(key)
+        return get_act_name(key)
     except (ValueError, TypeError, KeyError):
         return None

@@ -94,13 +94,14 @@ class NotCachedError(KeyError):
         return str(self.args[0])
 
 
-def get_act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
-    """Canonical hook name from TransformerLens shorthand.
+def canonical_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
+    """Canonical hook name from the grammar's shorthand (the core of `utils.get_act_name`, which adds
+    TransformerLens' aliases and compact forms).
 
     Example:
-        >>> get_act_name("resid_post", 3)
+        >>> canonical_name("resid_post", 3)
         'blocks.3.hook_resid_post'
-        >>> get_act_name("scale", 2, "ln1")
+        >>> canonical_name("scale", 2, "ln1")
         'blocks.2.ln1.hook_scale'
     """
     if not isinstance(name, str):
@@ -151,11 +152,11 @@ class HookNames:
             if layer is not None:
                 self._check_layer(layer, key)
                 layer = layer + self.n_layers if layer < 0 else layer
-            name = get_act_name(key[0], layer, key[2] if len(key) > 2 else None)
+            name = canonical_name(key[0], layer, key[2] if len(key) > 2 else None)
         elif isinstance(key, str):
             if key in self.valid_set:
                 return key
-            name = get_act_name(key) if key in _SHORT and _SHORT[key] in ("", "norm") else tl4_spelling(key)
+            name = canonical_name(key) if key in _SHORT and _SHORT[key] in ("", "norm") else tl4_spelling(key)
         else:
             raise TypeError(
                 f"`{param}` must be a hook name (str) or a key tuple like ('resid_post', 0), got "
@@ -214,7 +215,7 @@ class HookNames:
 
     def _one(self, item: Any, param: str) -> list[str]:
         if isinstance(item, str) and item not in self.valid_set and _SHORT.get(item) in ("block", "attn", "mlp"):
-            names = [n for layer in range(self.n_layers) if (n := get_act_name(item, layer)) in self.valid_set]
+            names = [n for layer in range(self.n_layers) if (n := canonical_name(item, layer)) in self.valid_set]
             if not names:
                 raise ValueError(f"`{param}`: shorthand {item!r} names no hook point of this model.")
             return names

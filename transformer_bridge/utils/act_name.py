@@ -61,7 +61,7 @@ def get_act_name(name: str, layer: int | str | None = None, layer_type: str | No
     name = _NAME_ALIAS.get(name, name)
     kind = _TYPE_ALIAS.get(layer_type, layer_type) if layer_type is not None else None
     norm = kind if kind not in ("", "attn", "mlp") else None
-    full = names.get_act_name(name, None if layer is None else int(layer), norm)
+    full = names.canonical_name(name, None if layer is None else int(layer), norm)
     if kind in ("attn", "mlp") and f".{kind}." not in full:
         raise ValueError(f"`layer_type`={layer_type!r} does not fit {name!r}, which is {full!r}; leave it out.")
     return full
