@@ -6,10 +6,9 @@ import torch
 from conftest import MOE_CONFIGS, V, char_tokenizer, make_bridge
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from transformer_bridge import TransformerBridge
+from transformer_bridge import TransformerBridge, get_act_name
 from transformer_bridge.compat.weights import MLP_WEIGHTS
 from transformer_bridge.moe import route
-from transformer_bridge import get_act_name
 from transformer_bridge.sites import get_module
 
 TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(7))

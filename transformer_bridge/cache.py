@@ -15,8 +15,7 @@ from torch import Tensor
 from . import cache_tl
 from .checks import ArgumentValueError, check_device
 from .names import HookNames, NotCachedError, tl4_spelling
-from .utils import Slice
-from .utils import get_act_name
+from .utils import Slice, get_act_name
 
 
 class CacheModel(Protocol):
