@@ -1,21 +1,20 @@
 """`ActivationCache`: hook name → tensor, TransformerLens shorthand keys, analysis helpers, safetensors I/O."""
 
-import json
-import operator
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
 from jaxtyping import Float, Int
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from . import cache_tl
-from .checks import ArgumentValueError, check_device
+from . import cache_io, cache_tl
+from .cache_io import CacheFileError
+from .checks import ArgumentValueError
 from .names import HookNames, NotCachedError, tl4_spelling
-from .utils import Slice, get_act_name
+from .pos_slice import PosSlice, check_pos_slice
+from .utils import get_act_name
 
 
 class CacheModel(Protocol):
@@ -27,70 +26,7 @@ class CacheModel(Protocol):
     def unembed_directions(self, tokens: Any) -> Tensor: ...
 
 
-__all__ = ["ActivationCache", "check_pos_slice", "get_act_name"]
-
-PosSlice = int | slice | Sequence[int] | Tensor
-
-
-def check_pos_slice(pos_slice: Any, n_pos: int, param: str = "pos_slice") -> int | slice | list[int]:
-    """Validate a position selection over ``n_pos`` positions; returns it normalised.
-
-    An int selects one position (negative counts from the end) and keeps the axis; a slice needs a
-    positive step and must select something (a tuple is ``slice(*tuple)``, as TransformerLens reads it); a
-    list / 1-d integer tensor selects those positions.
-
-    Example:
-        >>> check_pos_slice(-1, 5)
-        4
-    """
-    if isinstance(pos_slice, Slice):  # TransformerLens' wrapper: its int / slice / index tensor
-        pos_slice = pos_slice.slice
-    if isinstance(pos_slice, bool):
-        raise TypeError(f"`{param}` must be an int, a slice or a list of ints, got bool {pos_slice!r}.")
-    if isinstance(pos_slice, Tensor) and pos_slice.dim() == 0:
-        pos_slice = pos_slice.item()
-    if not isinstance(pos_slice, (slice, list, tuple, range, Tensor)) and hasattr(pos_slice, "__index__"):
-        index = operator.index(pos_slice)
-        if not -n_pos <= index < n_pos:
-            raise IndexError(f"`{param}`={index} is out of range for {n_pos} positions; use -{n_pos}..{n_pos - 1}.")
-        return index % n_pos
-    if isinstance(pos_slice, tuple):  # TransformerLens' Slice: a tuple is slice(*tuple), a list is positions
-        if not 1 <= len(pos_slice) <= 3:
-            raise ValueError(f"`{param}`={pos_slice!r}: a tuple is slice(*tuple), (stop,) to (start, stop, step).")
-        pos_slice = slice(*pos_slice)
-    if isinstance(pos_slice, slice):
-        for part in ("start", "stop", "step"):
-            value = getattr(pos_slice, part)
-            if value is not None and (isinstance(value, bool) or not hasattr(value, "__index__")):
-                raise TypeError(f"`{param}`={pos_slice!r}: the slice's {part} must be an int or None.")
-        if pos_slice.step is not None and pos_slice.step <= 0:
-            raise ValueError(f"`{param}`={pos_slice!r}: the step must be positive, got {pos_slice.step}.")
-        if not range(n_pos)[pos_slice]:
-            raise IndexError(f"`{param}`={pos_slice!r} selects no position out of {n_pos}.")
-        return pos_slice
-    if isinstance(pos_slice, Tensor):
-        if pos_slice.dim() != 1 or pos_slice.dtype.is_floating_point or pos_slice.dtype == torch.bool:
-            raise TypeError(
-                f"`{param}` as a tensor must be 1-d integer positions, got dtype {pos_slice.dtype} shape "
-                f"{tuple(pos_slice.shape)}."
-            )
-        pos_slice = pos_slice.tolist()
-    if isinstance(pos_slice, (list, range)):
-        items = list(pos_slice)
-        if not items:
-            raise ValueError(f"`{param}` is an empty list; give at least one position.")
-        bad = [p for p in items if isinstance(p, bool) or not hasattr(p, "__index__")]
-        if bad:
-            raise TypeError(f"`{param}` must hold ints, got {bad[0]!r} ({type(bad[0]).__name__}).")
-        out = [p.__index__() for p in items]
-        outside = [p for p in out if not -n_pos <= p < n_pos]
-        if outside:
-            raise IndexError(f"`{param}` holds position {outside[0]}, out of range for {n_pos} positions.")
-        return [p % n_pos for p in out]
-    raise TypeError(
-        f"`{param}` must be an int, a slice, a list of ints or None, got {type(pos_slice).__name__} {pos_slice!r}."
-    )
-
+__all__ = ["ActivationCache", "CacheFileError", "PosSlice", "check_pos_slice", "get_act_name"]
 
 class ActivationCache(Mapping[str, Tensor]):
     """Cached activations by canonical hook name, with TransformerLens shorthand and helpers.
@@ -487,73 +423,23 @@ class ActivationCache(Mapping[str, Tensor]):
 
     # -- persistence ----------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
-        """Save to a safetensors file (no pickle). Tensors shared under several names are written once."""
-        unique: dict[tuple, str] = {}
-        tensors: dict[str, Tensor] = {}
-        aliases: dict[str, str] = {}
-        for name, t in self._tensors.items():
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.device)
-            if key in unique:
-                aliases[name] = unique[key]
-            else:
-                unique[key] = name
-                tensors[name] = t.detach().contiguous().clone() if not t.is_contiguous() else t.detach().clone()
-        for extra in ("attention_mask", "prompt_lengths"):
-            value = getattr(self, extra)
-            if value is not None:
-                tensors[f"__{extra}__"] = value.detach().contiguous().clone()
-        meta = {"aliases": json.dumps(aliases), "has_batch_dim": json.dumps(self.has_batch_dim)}
-        save_file({k: v.cpu() for k, v in tensors.items()}, str(path), metadata=meta)
+        """Save to a safetensors file (no pickle). Tensors shared under several names are written once.
+
+        Example:
+            >>> cache.save("acts.safetensors")
+        """
+        cache_io.save(self, path)
 
     @classmethod
     def load(
         cls, path: str | Path, model: CacheModel | None = None, device: str | torch.device = "cpu"
     ) -> "ActivationCache":
-        """Load a cache written by `save`; attach ``model`` for the analysis helpers."""
-        from safetensors import SafetensorError, safe_open
+        """Load a cache written by `save`; attach ``model`` for the analysis helpers.
 
-        path = Path(path) if isinstance(path, (str, Path)) else path
-        if not isinstance(path, Path):
-            raise TypeError(f"`path` must be a str or Path, got {type(path).__name__} {path!r}.")
-        if path.is_dir():
-            raise CacheFileError(f"`path`={str(path)!r} is a directory; give the .safetensors file written by `save`.")
-        if not path.exists():
-            raise FileNotFoundError(f"`path`={str(path)!r} does not exist.")
-        device = check_device(device) or torch.device("cpu")
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-            tensors = load_file(str(path), device=str(device))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise CacheFileError(f"`path`={str(path)!r} is not a safetensors cache file written by `save`: {e}") from e
-        mask = tensors.pop("__attention_mask__", None)
-        lengths = tensors.pop("__prompt_lengths__", None)
-        aliases = _read_meta(meta, "aliases", "{}", path)
-        if not isinstance(aliases, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()
-        ):
-            raise CacheFileError(f"{str(path)!r}: metadata `aliases` must map names to names, got {aliases!r}.")
-        for name, target in aliases.items():
-            if target not in tensors:
-                raise CacheFileError(f"{str(path)!r}: metadata alias {name!r} -> {target!r} names no stored tensor.")
-            tensors[name] = tensors[target]
-        has_batch_dim = _read_meta(meta, "has_batch_dim", "true", path)
-        if not isinstance(has_batch_dim, bool):
-            raise CacheFileError(
-                f"{str(path)!r}: metadata `has_batch_dim` must be true or false, got {has_batch_dim!r}."
-            )
-        return cls(tensors, model, mask, lengths, has_batch_dim)
-
-
-class CacheFileError(ValueError):
-    """A file that is not a cache written by `ActivationCache.save` (or is damaged)."""
-
-
-def _read_meta(meta: dict[str, str], key: str, default: str, path: Path) -> Any:
-    try:
-        return json.loads(meta.get(key, default))
-    except json.JSONDecodeError as e:
-        raise CacheFileError(f"{str(path)!r}: metadata `{key}` is not valid JSON ({e}).") from e
+        Example:
+            >>> cache = ActivationCache.load("acts.safetensors", model)
+        """
+        return cls(model=model, **cache_io.load(path, device))
 
 
 def _layers_in(names: Iterable[str]) -> int:
