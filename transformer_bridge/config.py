@@ -8,7 +8,6 @@ import torch
 from transformers import PreTrainedModel
 
 from .adapters import Adapter
-from .mixers import holds
 from .moe import is_moe_block
 from .sites import get_module
 
@@ -168,12 +167,13 @@ def _n_ctx(cfg: BridgeConfig, value: Any) -> int | None:
 def _token_ids(name: str, many: bool) -> Callable[[BridgeConfig, Any], Any]:
     def check(cfg: BridgeConfig, value: Any) -> Any:
         ids = value if many and isinstance(value, (list, tuple)) else [] if value is None else [value]
+        # An EOS id past the vocabulary (GPT-2's 50256 on a smaller model) is never produced: harmless, as in
+        # generate's reading of the model's own config; a BOS id is fed to the model, so it must be in it.
+        top = None if many else cfg.d_vocab - 1
         for t in ids:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < cfg.d_vocab:
-                kind = "a token id, a list of them, or None" if many else "a token id or None"
-                raise ConfigFieldError(
-                    f"`cfg.{name}` must be {kind} in [0, {cfg.d_vocab - 1}], got {type(value).__name__} {value!r}."
-                )
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (top is not None and t > top):
+                kind = "a token id (≥ 0), a list of them, or None" if many else f"a token id in [0, {top}] or None"
+                raise ConfigFieldError(f"`cfg.{name}` must be {kind}, got {type(value).__name__} {value!r}.")
         stored = list(value) if isinstance(value, (list, tuple)) else value
         if cfg.generation_config is not None:  # what `generate` reads first; [] means: stop at no EOS
             setattr(cfg.generation_config, name, [] if many and value is None else stored)
@@ -205,9 +205,7 @@ def bridge_config(model: PreTrainedModel, adapter: Adapter, tokenizer: Any = Non
     d_head = getattr(c, "head_dim", None) or (d_model // n_heads if n_heads else 0)
     if adapter.mla:  # DeepSeek's config.head_dim is the rotary width; z and result are per value head
         d_head = c.v_head_dim
-    blocks = get_module(model, adapter.blocks)
-    # A hybrid's blocks without an MLP (Nemotron-H's mixer and attention blocks) say nothing about its width.
-    dense = [b for b in blocks if not is_moe_block(b, adapter.moe) and holds(b, adapter.mlp_down, adapter)]
+    dense = [b for b in get_module(model, adapter.blocks) if not is_moe_block(b, adapter.moe)]
     if dense:
         down = get_module(dense[0], adapter.mlp_down)
         d_mlp = down.weight.shape[0] if adapter.conv1d else down.weight.shape[1]

@@ -29,8 +29,8 @@ def test_eos_token_id_stops_generate_and_none_disables_it(model):
     model.cfg.eos_token_id = first
     assert model.hf_model.generation_config.eos_token_id == first  # where generate reads it
     assert greedy(model).shape[1] == 5  # stopped at the new EOS
-    model.cfg.eos_token_id = [98, first]
-    assert greedy(model).shape[1] == 5 and model.cfg.eos_token_id == [98, first]
+    model.cfg.eos_token_id = [50256, first]  # an id past the vocabulary is never produced (GPT-2's EOS)
+    assert greedy(model).shape[1] == 5 and model.cfg.eos_token_id == [50256, first]
     model.cfg.eos_token_id = None
     assert model.hf_model.generation_config.eos_token_id == []
     assert torch.equal(greedy(model), free)  # no EOS: the full length
@@ -80,7 +80,8 @@ def test_split_input_flags_accept_false_only(model):
 
 @pytest.mark.parametrize(
     ("name", "bad"),
-    [("default_prepend_bos", "yes"), ("default_padding_side", "up"), ("eos_token_id", 99), ("eos_token_id", "x"),
+    [("default_prepend_bos", "yes"), ("default_padding_side", "up"), ("eos_token_id", -1), ("eos_token_id", "x"),
+     ("bos_token_id", 99),
      ("bos_token_id", -1), ("n_ctx", 0), ("tokenizer_appends_eos", 1), ("use_attn_result", None)],
 )  # fmt: skip
 def test_assignable_fields_validate_values(model, name, bad):
