@@ -166,10 +166,11 @@ def generic_activation_patch(
             if skip:
                 stack.enter_context(_copies_from(blocks[start], len(cells), batch))
             stack.enter_context(model.hooks(fwd_hooks=hooks))
+            # Two positions, not one: a one-row product takes another kernel (a different summation order).
             logits = model.forward_tokens(tokens.repeat(copies, 1), mask.repeat(copies, 1),
-                                          logits_to_keep=int(keep_last))  # fmt: skip
+                                          logits_to_keep=2 * keep_last)  # fmt: skip
         if keep_last:  # the metric reads the last position only: the others need no values (see the check)
-            logits = logits.expand(-1, width, -1)
+            logits = logits[:, -1:].expand(-1, width, -1)
         for j, row in enumerate(rows.tolist()):
             store[:, row] = evaluate(logits[j * batch : (j + 1) * batch])
     return _finish(store, metrics, reduce, baseline_values, axis_names, cell_shape, index, index_names,
@@ -204,7 +205,7 @@ def chunk_size(
     memory_budget = check_int("memory_budget", memory_budget, minimum=1, hint="It is a number of bytes.")
     c = model.cfg
     elem = torch.finfo(c.dtype).bits // 8 if c.dtype.is_floating_point else 4
-    logits = (1 if last_logits_only else width) * c.d_vocab * max(elem, 4)
+    logits = (2 if last_logits_only else width) * c.d_vocab * max(elem, 4)
     per_seq = logits + width * (8 * c.d_model + 3 * (c.d_mlp or 4 * c.d_model)) * elem
     per_seq += 2 * c.n_heads * width * width * elem
     return max(1, memory_budget // (per_seq * batch))
