@@ -92,9 +92,13 @@ def causes(res: dict, n: int = 12) -> str:
 def both(tl: dict, ours: dict) -> str:
     keys = set(tl) & set(ours)
     pairs = Counter((tl[k][1] == "passed", ours[k][1] == "passed") for k in keys)
+    skipped = ("not_portable", "skipped")
+    same = [k for k in keys if tl[k][1] not in skipped and ours[k][1] not in skipped]
     return (
         f"Both pass: {pairs[(True, True)]}; only TL passes: {pairs[(True, False)]}; "
-        f"only ours passes: {pairs[(False, True)]}; neither: {pairs[(False, False)]}."
+        f"only ours passes: {pairs[(False, True)]}; neither: {pairs[(False, False)]}.\n\n"
+        f"On the {len(same)} tests that run on both sides (skipped or not portable on neither): "
+        f"TL passes {sum(tl[k][1] == 'passed' for k in same)}, ours {sum(ours[k][1] == 'passed' for k in same)}."
     )
 
 
