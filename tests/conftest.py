@@ -7,6 +7,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import pytest
 import torch
+import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import (
     AutoConfig,
@@ -28,6 +29,7 @@ from transformers import (
 )
 
 from transformer_bridge import TransformerBridge
+from transformer_bridge.adapters import adapter_for
 
 # Distinct sizes so a swapped axis fails loudly: vocab 99, d_model 32, d_mlp 37, 4 heads, 2 kv heads.
 V, D, M, H, KV, L = 99, 32, 37, 4, 2, 2
@@ -100,6 +102,10 @@ CONFIGS = {
     "cohere2": lambda: _auto("cohere2", logit_scale=0.5, sliding_window=4,
                              layer_types=["sliding_attention", "full_attention"]),
     "jais2": lambda: _auto("jais2"),
+    # DeepSeek-V3's latent attention (query / key heads 10 wide, value heads 8), dense MLPs.
+    "youtu": lambda: _auto("youtu", q_lora_rank=16, kv_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=6,
+                           v_head_dim=8, num_key_value_heads=H,
+                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
 }  # fmt: skip
 # Mixture-of-experts families of #12: 4 experts, top-2, the eager experts loop (the default kernel,
 # grouped_mm, needs 16-byte rows: tests/test_moe.py runs it at width 36). Qwen2-MoE: a shared expert (width
@@ -199,9 +205,21 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
+def adapted_config(make_config):
+    """``make_config()``, or a skip naming the installed transformers when that release lacks the family or the
+    bridge's adapter for it covers other releases (`Adapter.transformers`)."""
+    try:
+        config = make_config()
+        adapter_for(config.model_type)
+    except (KeyError, ValueError) as e:  # no such model type here; UnsupportedArchitectureError is a ValueError
+        pytest.skip(f"not on transformers {transformers.__version__}: {e}")
+    return config
+
+
 def make_hf(family: str, seed: int = 0) -> torch.nn.Module:
+    config = adapted_config(CONFIGS[family])
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(CONFIGS[family]()).eval()
+    return AutoModelForCausalLM.from_config(config).eval()
 
 
 def make_bridge(family: str, seed: int = 0) -> TransformerBridge:

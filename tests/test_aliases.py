@@ -7,7 +7,7 @@ The same HF code runs, so the family's tests hold for them; these check that the
 
 import pytest
 import torch
-from conftest import ALIAS_CONFIGS, V, char_tokenizer, make_bridge
+from conftest import ALIAS_CONFIGS, V, adapted_config, char_tokenizer, make_bridge
 from transformers import AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge
@@ -18,8 +18,9 @@ TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(3))
 @pytest.mark.parametrize("model_type", list(ALIAS_CONFIGS))
 def test_alias_runs_its_twins_code_exactly(model_type):
     twin_family, config = ALIAS_CONFIGS[model_type]
+    config = adapted_config(config)
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(config()).eval()
+    hf = AutoModelForCausalLM.from_config(config).eval()
     model = TransformerBridge(hf, char_tokenizer())
     twin = make_bridge(twin_family)
     assert type(hf) is type(twin.hf_model) and model.cfg.model_type == model_type

@@ -11,7 +11,7 @@ Mamba itself: tests/test_ssm.py.
 
 import pytest
 import torch
-from conftest import HYBRID_CONFIGS, SSM_CONFIGS, V, char_tokenizer, perturb_
+from conftest import HYBRID_CONFIGS, SSM_CONFIGS, V, adapted_config, char_tokenizer, perturb_
 from transformers import AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge
@@ -27,8 +27,9 @@ PADDED = torch.tensor([[0, 0, 50, 60], [1, 7, 9, 11]])
 
 
 def make(family: str, seed: int = 0) -> TransformerBridge:
+    config = adapted_config(CONFIGS[family])
     torch.manual_seed(seed)
-    hf = AutoModelForCausalLM.from_config(CONFIGS[family]()).eval()
+    hf = AutoModelForCausalLM.from_config(config).eval()
     # Weights larger than the init, so greedy continuations vary and the recurrent state matters.
     return perturb_(TransformerBridge(hf, char_tokenizer()), scale=0.5)
 

@@ -14,7 +14,9 @@ On a block whose MLP is a mixture of experts (the adapter's `MoE` names its rout
 - ``blocks.L.mlp.hook_expert_pre`` and ``hook_expert_post [batch pos expert d_mlp]`` (experts stored
   as ``gate_up_proj [expert, 2 * d_mlp, d_model]`` and ``down_proj [expert, d_model, d_mlp]`` with no
   biases: Mixtral, Qwen-MoE, OLMoE; or Llama 4's ``gate_up_proj [expert, d_model, 2 * d_mlp]``, whose
-  experts run on each token already scaled by its router score, so its points are of that scaled input):
+  experts run on each token already scaled by its router score, so its points are of that scaled input; or
+  GPT-OSS's ``gate_up_proj [expert, d_model, 2 * d_mlp]`` with gate and up interleaved and biases, whose
+  ``hook_expert_post`` is its own clamped ``_apply_gate`` and whose ``hook_expert_pre`` includes the gate's bias):
   each expert's gate pre-activation and its ``act(gate) * up``, the
   input of its down projection; TransformerLens' ``hook_pre`` / ``hook_post`` per expert. Every
   expert is evaluated on every token (those a token is not routed to weigh 0). Computed only while
@@ -201,6 +203,22 @@ def has_dense_expert_internals(experts: nn.Module, d_model: int) -> bool:
     )
 
 
+def has_interleaved_expert_internals(experts: nn.Module, d_model: int) -> bool:
+    """GPT-OSS's layout: ``gate_up_proj [expert, d_model, 2 * d_mlp]`` with gate and up interleaved (even and odd
+    columns) and biases on both projections; the activation is the experts module's own ``_apply_gate``."""
+    gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+    return (
+        isinstance(gate_up, Tensor)
+        and isinstance(down, Tensor)
+        and gate_up.dim() == down.dim() == 3
+        and gate_up.shape[1] == down.shape[2] == d_model
+        and gate_up.shape[2] == 2 * down.shape[1]
+        and isinstance(getattr(experts, "gate_up_proj_bias", None), Tensor)
+        and isinstance(getattr(experts, "down_proj_bias", None), Tensor)
+        and callable(getattr(experts, "_apply_gate", None))
+    )
+
+
 def _sparse(dense: Float[Tensor, "token expert"]) -> tuple[Tensor, Int[Tensor, "token k"]]:
     """Top-k style ``(weights, indices)`` for edited dense weights.
 
@@ -216,13 +234,16 @@ def _sparse(dense: Float[Tensor, "token expert"]) -> tuple[Tensor, Int[Tensor, "
     return dense.gather(1, indices), indices
 
 
-def _experts(moe: MoE, experts: nn.Module, n: int, registry: HookRegistry, internals: bool) -> ModuleSite:
-    """``hook_expert_pre`` / ``hook_expert_post`` (``internals``) and ``hook_expert_result``."""
+def _experts(moe: MoE, experts: nn.Module, n: int, registry: HookRegistry, internals: str | None) -> ModuleSite:
+    """``hook_expert_pre`` / ``hook_expert_post`` (``internals``: the weights' layout, ``standard``, ``dense`` or
+    ``interleaved``) and ``hook_expert_result``."""
 
     def process(run: Run, args: tuple, output: Tensor) -> Tensor:
         batch = _batch(registry)
-        if internals and moe.dense:
+        if internals == "dense":
             return _from_dense_internals(run, args, output, batch)
+        if internals == "interleaved":
+            return _from_interleaved_internals(run, args, output, batch)
         if internals:
             return _from_internals(run, args, output, batch)
         if moe.dense:  # Llama 4: the output is already [expert * token, d_model]
@@ -253,6 +274,29 @@ def _experts(moe: MoE, experts: nn.Module, n: int, registry: HookRegistry, inter
         post = run("expert_post", shown)
         edited |= post is not shown
         out = torch.einsum("bpej,edj->bped", post, experts.down_proj) * dense.reshape(batch, -1, n, 1)
+        result = run("expert_result", out)
+        if not edited and result is out:
+            return output
+        return result.reshape(-1, n, result.shape[-1]).sum(dim=1).to(output.dtype)
+
+    def _from_interleaved_internals(run: Run, args: tuple, output: Tensor, batch: int) -> Tensor:
+        # GPT-OSS: gate and up interleaved, biases, and its clamped activation, applied by its own `_apply_gate`.
+        hidden, index, weights = args[:3]
+        dense = torch.zeros(index.shape[0], n, dtype=weights.dtype, device=weights.device)
+        dense = dense.scatter(1, index, weights)
+        gate_up = torch.einsum("td,edj->tej", hidden, experts.gate_up_proj) + experts.gate_up_proj_bias
+        d_mlp = gate_up.shape[-1] // 2
+        gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+        shown = gate.reshape(batch, -1, n, d_mlp)
+        pre = run("expert_pre", shown)
+        edited = pre is not shown
+        if edited:
+            gate_up = torch.stack((pre.reshape(gate.shape), up), dim=-1).flatten(-2)
+        shown = experts._apply_gate(gate_up).reshape(batch, -1, n, d_mlp)
+        post = run("expert_post", shown)
+        edited |= post is not shown
+        out = torch.einsum("bpej,ejd->bped", post, experts.down_proj) + experts.down_proj_bias
+        out = out * dense.reshape(batch, -1, n, 1)
         result = run("expert_result", out)
         if not edited and result is out:
             return output
@@ -304,7 +348,12 @@ def moe_sites(
     router, experts = get(block, moe.router), get(block, moe.experts)
     routing = _router(moe, router, registry)
     d_model = router.weight.shape[-1]
-    internals = has_dense_expert_internals(experts, d_model) if moe.dense else has_expert_internals(experts, d_model)
+    if moe.dense:
+        internals = "dense" if has_dense_expert_internals(experts, d_model) else None
+    elif has_expert_internals(experts, d_model):
+        internals = "standard"
+    else:
+        internals = "interleaved" if has_interleaved_expert_internals(experts, d_model) else None
     computed = _experts(moe, experts, router.num_experts, registry, internals)
     keys = ["expert_pre", "expert_post", "expert_result"] if internals else ["expert_result"]
     return [("router_logits", routing), ("expert_weights", routing), *((key, computed) for key in keys)]

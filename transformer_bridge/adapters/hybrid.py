@@ -34,9 +34,11 @@ BAMBA = replace(
     ),
 )
 
+# Jamba's router returns (logits, top-k weights, top-k indices) from transformers 5.21 on (a bare linear map before).
 JAMBA = replace(
     BAMBA,
     model_types=("jamba",),
+    transformers=">=5.21",
     rotary=False,
     moe=MoE(router="feed_forward.router", experts="feed_forward.experts", routing="softmax_topk_unnormalized"),
     hybrid=SSM(mixer="mamba", in_proj="mamba.in_proj", x_proj="mamba.x_proj", out_proj="mamba.out_proj",
@@ -59,9 +61,11 @@ LFM2 = replace(
     hybrid=SSM(mixer="conv", in_proj="conv.in_proj", out_proj="conv.out_proj", kind="short_conv"),
 )
 
+# Nemotron-H's router returns (logits, weights, indices) from transformers 5.13 on.
 NEMOTRON_H = replace(
     LLAMA,
     model_types=("nemotron_h",),
+    transformers=">=5.13",
     embed="model.embeddings",
     ln_final="model.norm_f",
     ln1="norm",

@@ -26,10 +26,14 @@ SARVAM_MLA = replace(DEEPSEEK_V3, model_types=("sarvam_mla",))
 COHERE2 = replace(COHERE, model_types=("cohere2",))
 JAIS2 = replace(ARCEE, model_types=("jais2",), norm="layernorm")
 FLEX_OLMO = replace(OLMO2, model_types=("flex_olmo",), moe=MoE(router="mlp.gate", experts="mlp.experts"))
+# GLM-4 MoE's router returns (logits, weights, indices) from transformers 5.13 on (logits only before).
 GLM4_MOE = replace(
     LLAMA,
     model_types=("glm4_moe", "sarvam_moe"),
+    transformers=">=5.13",
     q_norm="self_attn.q_norm",
     k_norm="self_attn.k_norm",
     moe=DEEPSEEK_V3.moe,
 )
+# Youtu-LLM: DeepSeek-V3's latent attention with a dense MLP in every block.
+YOUTU = replace(DEEPSEEK_V3, model_types=("youtu",))
