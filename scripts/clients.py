@@ -83,19 +83,21 @@ def runtime_requirements() -> list[str]:
     return [d for d in re.findall(r'"([^"]+)"', block.group(1)) if not d.startswith("torch")]
 
 
-def install(name: str, venvs: Path, reuse: bool) -> tuple[Path, float]:
+def install(name: str, venvs: Path, reuse: bool) -> tuple[Path, float | None]:
     """A venv with torch 2.13.0 (CPU), the client's newest compatible release and the bridge's dependencies;
-    returns ``(python, seconds spent installing)``."""
+    returns ``(python, seconds spent installing)`` (None: an installed venv was reused)."""
     venv = venvs / re.sub(r"\W", "-", name.lower())
     python, stamp = venv / "bin" / "python", venv / ".ready"
     if reuse and stamp.exists():
-        return python, 0.0
+        return python, None
     start = time.monotonic()
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     # torch first and pinned in every call: an unpinned `torch` would pull several GB of CUDA wheels.
-    subprocess.run([*pip, "torch==2.13.0"], check=True)
-    subprocess.run([*pip, "torch==2.13.0", CLIENTS[name][0], *runtime_requirements()], check=True)
+    for packages in (["torch==2.13.0"], ["torch==2.13.0", CLIENTS[name][0], *runtime_requirements()]):
+        done = subprocess.run([*pip, *packages], capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{name}: `pip install {' '.join(packages)}` failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     stamp.touch()
     return python, time.monotonic() - start
 
@@ -132,14 +134,13 @@ def table(rows: list[dict]) -> str:
     lines = ["| client | version | what ran | result | install (s) | run (s) |", "|---|---|---|---|---:|---:|"]
     for r in rows:
         mark = "pass" if r["ok"] else "**FAIL**"
-        lines.append(
-            f"| {r['client']} | {r['version']} | {r['what']} | {mark}: {r['result']} | "
-            f"{r['install_s']:.0f} | {r['run_s']:.0f} |"
-        )
-    total = sum(r["install_s"] + r["run_s"] for r in rows)
+        install_s = "reused" if r["install_s"] is None else f"{r['install_s']:.0f}"
+        lines.append(f"| {r['client']} | {r['version']} | {r['what']} | {mark}: {r['result']} | {install_s} | "
+                     f"{r['run_s']:.0f} |")  # fmt: skip
+    total = sum((r["install_s"] or 0) + r["run_s"] for r in rows)
     return "\n".join(lines) + (
-        f"\n\nMeasured {time.strftime('%Y-%m-%d')} on this project's CI machine kind (2 CPU cores), torch 2.13.0 "
-        f"(CPU), pip's wheel cache warm: {total:.0f} s in all ({total / 60:.1f} min)."
+        f"\n\nMeasured {time.strftime('%Y-%m-%d')} on this project's machine kind (2 CPU cores, shared with other "
+        f"work), torch 2.13.0 (CPU), pip's cache as the machine had it: {total:.0f} s in all ({total / 60:.1f} min)."
     )
 
 
@@ -169,11 +170,9 @@ def main() -> int:
         python, install_s = install(name, args.venvs, args.reuse)
         report, run_s = run_job(name, python)
         rows.append({"client": name, "what": CLIENTS[name][2], "install_s": install_s, "run_s": run_s, **report})
-        print(
-            f"{name} {report['version']}: {'pass' if report['ok'] else 'FAIL'} ({install_s:.0f} s install, "
-            f"{run_s:.0f} s run): {report['result']}",
-            flush=True,
-        )
+        spent = "venv reused" if install_s is None else f"{install_s:.0f} s install"
+        verdict = "pass" if report["ok"] else "FAIL"
+        print(f"{name} {report['version']}: {verdict} ({spent}, {run_s:.0f} s run): {report['result']}", flush=True)
     text = table(rows)
     print(text)
     if args.write:
@@ -361,7 +360,14 @@ def job_transformer_lens() -> dict:
     shapes = " and ".join(f"{k} {tuple(v.shape)}" for k, v in sweeps.items())
     same_sweeps = "bitwise" if all(checks[k] for k in sweeps) else "NOT equal to"
     utils = f"{counts.group(2)} of {counts.group(1)} names" if counts else "?"
-    verdict = "no unexpected difference" if checks["utils parity"] else "DIFFERENCES: " + parity.stdout[-300:]
+    unexpected = re.search(r"Unexpected differences: (.*)\.", parity.stdout)
+    names = unexpected.group(1).split(", ") if unexpected else []
+    rows = [line for line in parity.stdout.splitlines() if any(line.startswith(f"| `{n}` |") for n in names)]
+    verdict = (
+        "no unexpected difference"
+        if checks["utils parity"]
+        else ("DIFFERENCES: " + " / ".join(rows or [parity.stdout[-300:] + parity.stderr[-300:]])).replace("|", "¦")
+    )
     result = (
         f"patching: {shapes} {same_sweeps} the manual loop; detect_head (previous-token, induction) vs by hand: "
         f"max |diff| {max(diffs.values()):.1e} (top induction head L{top[0]}H{top[1]}); utils parity: {utils}, "
