@@ -40,6 +40,8 @@ def test_rows_are_one_sequence_over_every_shard(store):
     assert rows.parts[0].untyped_storage().nbytes() >= rows.parts[0].numel() * 4  # a view of the file's map
     with pytest.raises(IndexError, match=r"Row 100000 is out of range"):
         rows[100_000]
+    assert torch.allclose(rows, whole) and torch.equal(rows.mean(0), whole.mean(0))  # any tensor operation
+    assert rows.numpy().shape == tuple(whole.shape) and torch.equal(torch.as_tensor(rows.to_tensor()), whole)
     loader = torch.utils.data.DataLoader(rows, batch_size=64, shuffle=True)  # a map-style dataset as it is
     assert sum(b.shape[0] for b in loader) == len(store)
 

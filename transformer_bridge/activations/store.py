@@ -34,7 +34,9 @@ class Rows(Sequence[Tensor]):
     """One tensor name across every shard of a store, as one memory-mapped sequence of rows.
 
     ``rows[i]`` is row ``i``; ``rows[a:b]``, ``rows[index_tensor]`` and ``rows[[i, j]]`` gather (a copy of just
-    those rows); ``rows.to_tensor()`` reads them all. ``shape`` and ``dtype`` are those of the whole.
+    those rows); ``rows.to_tensor()`` reads them all, and so does any other tensor operation (``rows.mean(0)``,
+    ``torch.allclose(rows, x)``). ``shape`` and ``dtype`` are those of the whole; ``parts`` are the shards'
+    memory-mapped views.
 
     Example:
         >>> resid = store.read("blocks.3.hook_resid_post")
@@ -92,6 +94,28 @@ class Rows(Sequence[Tensor]):
     def to_tensor(self) -> Tensor:
         """Every row in one tensor (reads the whole point into memory)."""
         return self.take(torch.arange(len(self)))
+
+    # Anything else a tensor does, on the rows read into one: ``torch.allclose(rows, x)``, ``rows.mean(0)``,
+    # ``rows.numpy()``. Indexing first reads only the rows asked for.
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        def whole(x: Any) -> Any:
+            if isinstance(x, Rows):
+                return x.to_tensor()
+            if isinstance(x, (list, tuple)):
+                return type(x)(whole(y) for y in x)
+            return x
+
+        return func(*whole(args), **{k: whole(v) for k, v in (kwargs or {}).items()})
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("parts", "shards", "offsets", "key", "name"):
+            raise AttributeError(name)
+        return getattr(self.to_tensor(), name)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        array = self.to_tensor().numpy()
+        return array if dtype is None else array.astype(dtype)
 
     def __repr__(self) -> str:
         return f"Rows({self.name!r}, shape={tuple(self.shape)}, dtype={self.dtype}, shards={len(self.parts)})"
