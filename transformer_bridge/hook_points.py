@@ -422,8 +422,15 @@ class HookRegistry:
             >>> model.list_hooks()["blocks.0.hook_resid_post"][0].user_hook is fn
             True
         """
+        points = self.hook_dict
+        if name_filter is None or callable(name_filter):  # a predicate matching nothing gives {}, as in TransformerLens
+            selected = [p for n, p in points.items() if name_filter is None or name_filter(n)]
+        else:
+            keep = {name_filter} if isinstance(name_filter, str) else set(name_filter)
+            exact = all(isinstance(n, str) and n in points for n in keep)
+            selected = [points[n] for n in points if n in keep] if exact else self.resolve(name_filter, "name_filter")
         out = {}
-        for point in self.resolve(name_filter, "name_filter") if name_filter is not None else self.hook_points():
+        for point in selected:
             entries = [e for e in _by_direction(point, dir) if including_permanent or not e.permanent]
             if entries:
                 out[point.name] = entries

@@ -100,3 +100,18 @@ def test_standalone_hook_point_is_an_identity_with_hooks():
     assert torch.equal(point(torch.zeros(2)), torch.ones(2))
     point.remove_hooks("both", including_permanent=True)
     assert not point.has_hooks() and torch.equal(point(torch.zeros(2)), torch.zeros(2))
+
+
+def test_transformer_lens_4_components_and_accessors(model):
+    attn, mlp = model.blocks[0].attn, model.blocks[0].mlp
+    assert attn.q.hook_out is model.hook_dict["blocks.0.attn.hook_q"]
+    assert attn.o.hook_in is model.hook_dict["blocks.0.attn.hook_z"] and attn.o.original_component is not None
+    assert mlp.out.hook_in is model.hook_dict["blocks.0.mlp.hook_post"]
+    assert model.blocks[0].original_component is model.blocks[0].module
+    if model.cfg.positional_embedding_type == "standard":
+        assert torch.equal(model.W_E_pos, torch.cat([model.W_E, model.W_pos]))
+    model.set_use_attn_result(True)
+    assert model.cfg.use_attn_result is True
+    with pytest.raises(AssertionError, match="does not occur"):  # TransformerLens asserts; also a ValueError
+        model.get_token_position(98, TOKENS[0, :3])
+    assert model.list_hooks(lambda n: False) == {}

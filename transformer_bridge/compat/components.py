@@ -16,8 +16,9 @@ from torch import Tensor, nn
 from .. import cache_tl
 from ..core import BridgeCore
 from ..hook_points import HookPoint
+from ..moe import is_moe_block
 from ..names import tl4_spelling
-from ..sites import get_module
+from ..sites import get_module, optional_module
 from . import weights
 from .caching_hooks import CachingHooks
 from .circuits import Circuits
@@ -75,6 +76,11 @@ class ComponentView:
             f"{self.hook_names()}, components {list(self._children)} and weights "
             f"{[*self._weights, *self._model_weights]}."
         )
+
+    @property
+    def original_component(self) -> nn.Module | None:
+        """TransformerLens 4's name for the HF module this component stands for (``.module``)."""
+        return self.module
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the HF module itself (``model.blocks[0].mlp(x)`` is the HF MLP's output)."""
@@ -150,6 +156,14 @@ class Blocks:
         return iter(self._views)
 
 
+def _held(block: nn.Module, path: str | None) -> nn.Module | None:
+    """The module at ``path`` in ``block``, or None where this block has none (a hybrid's mixer block)."""
+    try:
+        return optional_module(block, path, may_be_absent=True)
+    except AttributeError:
+        return None
+
+
 def _norm(core: BridgeCore, prefix: str, path: str | None, root: nn.Module) -> ComponentView | None:
     if path is None or not any(n.startswith(prefix) for n in core.hook_dict):
         return None
@@ -167,8 +181,17 @@ def build_components(core: BridgeCore) -> tuple[Blocks, dict[str, ComponentView]
     for layer, block in enumerate(blocks_module):
         p = f"blocks.{layer}."
         attn = ComponentView(core, p + "attn.", get_module(block, a.attn), weight_fns=weights.ATTN_WEIGHTS, layer=layer)
-        mlp_module = get_module(block, a.mlp_down.rsplit(".", 1)[0]) if "." in a.mlp_down else None
+        mlp_module = _held(block, a.mlp_down.rsplit(".", 1)[0]) if "." in a.mlp_down else None
         mlp = ComponentView(core, p + "mlp.", mlp_module, weight_fns=weights.MLP_WEIGHTS, layer=layer)
+        # TransformerLens 4's projection components (attn.q … attn.o, mlp.in / mlp.out): their hook_in / hook_out
+        # resolve to the canonical points (attn.q.hook_out is attn.hook_q), `.original_component` is the HF module.
+        projections = {"q": a.q or a.qkv, "k": a.k or a.qkv, "v": a.v or a.qkv, "o": a.o_proj}
+        for key, path in projections.items():
+            if (module := _held(block, path)) is not None:
+                attn._children[key] = ComponentView(core, f"{p}attn.{key}.", module)
+        for key, path in (("in", a.mlp_up or a.mlp_in), ("out", a.mlp_down)):
+            if not is_moe_block(block, a.moe) and (module := _held(block, path)) is not None:
+                mlp._children[key] = ComponentView(core, f"{p}mlp.{key}.", module)
         children: dict[str, ComponentView] = {"attn": attn, "mlp": mlp}
         for key in ("q_norm", "k_norm"):
             view = _norm(core, f"{p}attn.{key}.", getattr(a, key), block)

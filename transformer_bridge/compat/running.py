@@ -45,6 +45,7 @@ class RunCompat:
             >>> cache["result", 0].shape   # [batch, pos, head, d_model]
         """
         check_bool("use_attn_result", use_attn_result)
+        self.cfg.use_attn_result = use_attn_result  # TransformerLens' cfg field, which reads it back
 
     def run_with_cache(
         self,

@@ -7,6 +7,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..checks import ArgumentValueError
 from ..inputs import PaddingSide
 
 
@@ -39,7 +40,7 @@ class TokenHelpers:
             tokens = tokens[0]
         hits = (tokens == token).nonzero().flatten().tolist()
         if not hits:
-            raise ValueError(f"`single_token`={single_token!r} (id {token}) does not occur in `input`.")
+            raise ArgumentValueError(f"`single_token`={single_token!r} (id {token}) does not occur in `input`.")
         return hits[0] if mode == "first" else hits[-1]
 
     def tokens_to_residual_directions(self, tokens: str | int | Int[Tensor, "..."]) -> Float[Tensor, "... d_model"]:

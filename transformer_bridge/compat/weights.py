@@ -472,6 +472,12 @@ class WeightProperties:
         return W_pos(self)
 
     @property
+    def W_E_pos(self) -> Float[Tensor, "d_vocab_plus_pos d_model"]:  # noqa: N802
+        """TransformerLens' ``W_E_pos``: `W_E` and `W_pos` stacked along the first axis (a copy); raises
+        `WeightNotAvailableError` for rotary models."""
+        return torch.cat([W_E(self), W_pos(self)], dim=0)
+
+    @property
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:  # noqa: N802
         """Unembedding with the final norm's γ folded in (a copy); the HF matrix is `W_U_raw`."""
         return W_U(self)

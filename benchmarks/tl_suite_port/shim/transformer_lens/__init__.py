@@ -16,6 +16,7 @@ import transformer_bridge.utils as _utils
 from transformer_bridge import ActivationCache, HookPoint
 from transformer_bridge.compat.factored import FactoredMatrix
 from transformer_bridge.compat.kv_cache import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
+from transformer_bridge.hook_points import HookRegistry
 
 from ._bridge import TransformerBridge, TransformerBridgeConfig, TransformerLensConfig, build_bridge_from_module
 
@@ -90,7 +91,7 @@ KNOWN.update({
     "transformer_lens.model_bridge.transformer_bridge": _bridge,
     "transformer_lens.model_bridge.sources": {"build_bridge_from_module": build_bridge_from_module},
     "transformer_lens.model_bridge.sources._bridge_builder": {"build_bridge_from_module": build_bridge_from_module},
-    "transformer_lens.hook_points": {"HookPoint": HookPoint},
+    "transformer_lens.hook_points": {"HookPoint": HookPoint, "HookIntrospectionMixin": HookRegistry},
     "transformer_lens.ActivationCache": {"ActivationCache": ActivationCache},
     "transformer_lens.FactoredMatrix": {"FactoredMatrix": FactoredMatrix},
     "transformer_lens.cache": {"TransformerLensKeyValueCache": TransformerLensKeyValueCache,
