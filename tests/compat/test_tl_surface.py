@@ -239,7 +239,7 @@ def test_run_with_cache_resumes_from_a_layer(model):
     resumed, cache = model.run_with_cache(full["resid_pre", 1], start_at_layer=1)
     assert torch.equal(resumed, logits)
     assert cache.keys() and all(torch.equal(cache[k], full[k]) for k in cache)
-    assert {k for k in full if k.startswith("blocks.1.") or k.startswith("ln_final")} == set(cache.keys())
+    assert {k for k in full if k.startswith(("blocks.1.", "ln_final", "unembed."))} == set(cache.keys())
     loss, _ = model.run_with_cache(full["resid_pre", 1], start_at_layer=1, tokens=TOKENS, return_type="loss")
     assert torch.equal(loss, model(TOKENS, return_type="loss"))
     resid, part = model.run_with_cache(full["resid_pre", 0], start_at_layer=0, stop_at_layer=1)

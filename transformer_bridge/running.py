@@ -1,0 +1,394 @@
+"""How a bridge is run: `Running`, the mixin of `BridgeCore` with the user-facing forward calls.
+
+`forward` (TransformerLens' and HF's keywords, a KV-cached step, ``past_kv_cache``), `run_with_hooks`,
+`run_with_cache` (TransformerLens' keywords included: ``return_type``, ``return_cache_object``, ``start_at_layer``
+…) and `input_to_embed`. All of them go through the core's `prepare_input`, `forward_tokens` and `cache_forward`;
+the core (``core.py``) holds wrapping, hooks and the one HF call (`run_model`).
+"""
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformers import Cache, DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .cache import ActivationCache, check_pos_slice
+from .caching import CacheWriter, next_token_loss, next_token_losses
+from .checks import check_bool, check_device, describe, suggest_keywords
+from .distributed import input_device
+from .hook_points import HookContext, NameOrFilter
+from .inputs import PaddingSide, check_attention_mask
+from .names import NameFilter
+
+Input = str | Sequence[str] | Tensor
+NamesFilter = NameFilter
+ReturnType = Literal["logits", "loss", "both"] | None
+
+
+class Running:
+    """Mixin of `BridgeCore`: `forward`, `run_with_hooks`, `run_with_cache`, `input_to_embed`.
+
+    Example:
+        >>> logits = model("The capital of France is")
+        >>> logits, cache = model.run_with_cache("Hello", names_filter="resid_post")
+    """
+
+    @suggest_keywords
+    def forward(
+        self,
+        input: Input | None = None,
+        return_type: Literal["logits", "loss", "both", "logits_and_cache"] | None = "logits",
+        loss_per_token: bool = False,
+        prepend_bos: bool | None = None,
+        padding_side: PaddingSide | None = None,
+        start_at_layer: int | None = None,
+        tokens: Int[Tensor, "batch pos"] | None = None,
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        stop_at_layer: int | None = None,
+        *,
+        input_ids: Int[Tensor, "batch pos"] | None = None,
+        token_type_ids: Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        position_ids: Int[Tensor, "batch pos"] | None = None,
+        past_key_values: Cache | None = None,
+        past_kv_cache: Any = None,
+    ) -> Any:
+        """Logits ``[batch, pos, d_vocab]``, TransformerLens' ``forward`` with HF's keywords too.
+
+        ``input``: text (BOS per ``prepend_bos``, default ``cfg.default_prepend_bos``), a list of texts
+        (left-padded, or ``padding_side``), token ids (``input_ids=`` too, HF style, with
+        ``attention_mask``; ``**tokenizer(texts, return_tensors="pt", padding=True)`` works), or,
+        with ``start_at_layer=K``, the residual stream ``[batch, pos, d_model]`` entering block ``K``
+        (``tokens`` / ``attention_mask`` then give padding and the loss). ``return_type``: ``"logits"``,
+        ``"loss"`` (mean next-token loss over real tokens, ``[batch, pos - 1]`` with
+        ``loss_per_token``), ``"both"`` or ``None``. ``stop_at_layer=L`` returns the residual stream
+        entering block ``L`` without computing the rest (negative counts from the end;
+        ``n_layers``: before the final norm). ``output_hidden_states`` / ``output_attentions`` return
+        HF's output object (``.logits``, ``.hidden_states``, ``.attentions``, the latter read from
+        ``hook_pattern``). ``position_ids`` ``[batch, pos]`` (the tokens' shape) replace the positions
+        derived from the mask, as in HF; ``hook.ctx.positions`` shows them. ``past_kv_cache``: TransformerLens'
+        `TransformerLensKeyValueCache` (`transformer_bridge.compat.kv_cache`): ``input`` holds the new tokens only
+        (``attention_mask`` too), and the cache grows unless frozen. ``return_type="logits_and_cache"``
+        returns ``(logits, kv_cache)``, an HF ``DynamicCache``; giving it back as ``past_key_values=`` with the
+        next token ids and an ``attention_mask`` over past and new tokens runs one cached step (the cache grows
+        in place, as HF's does), positions counted from the mask: the logits of the whole sequence's last rows.
+
+        Example:
+            >>> logits = model("The capital of France is")
+            >>> resid = model("The capital of France is", stop_at_layer=3)     # [1, pos, d_model]
+            >>> logits = model(resid, start_at_layer=3)
+        """
+        if past_kv_cache is not None:  # TransformerLens' cache object runs the cached step (compat.kv_cache)
+            if not callable(getattr(past_kv_cache, "bridge_forward", None)) or past_key_values is not None:
+                raise TypeError(f"`past_kv_cache` takes a TransformerLensKeyValueCache, not {describe(past_kv_cache)}")
+            tl_args = (prepend_bos, padding_side, return_type, loss_per_token, start_at_layer, stop_at_layer)
+            return past_kv_cache.bridge_forward(self, input_ids if input is None else input, attention_mask, *tl_args)
+        if return_type == "logits_and_cache" or past_key_values is not None:
+            if stop_at_layer is not None or start_at_layer is not None or output_hidden_states or output_attentions:
+                raise ValueError(
+                    "A KV-cached forward (`past_key_values` / return_type='logits_and_cache') runs the whole model: "
+                    "it takes no `stop_at_layer`, `start_at_layer`, `output_hidden_states` or `output_attentions`."
+                )
+            return self._kv_forward(input_ids if input is None else input, attention_mask, prepend_bos,
+                                    past_key_values, return_type)  # fmt: skip
+        if return_type not in ("logits", "loss", "both", None):
+            raise ValueError(
+                f"`return_type` must be 'logits', 'loss', 'both', 'logits_and_cache' or None, got {return_type!r}."
+            )
+        if input_ids is not None:
+            if input is not None:
+                raise ValueError("Give the tokens once: `input` or `input_ids`, not both.")
+            input = input_ids
+        if token_type_ids is not None and bool(token_type_ids.any()):
+            raise ValueError("`token_type_ids` must be all zeros (or None): decoder-only models take no segments.")
+        residual = None
+        if start_at_layer is not None:
+            residual, input = input, tokens
+            if not isinstance(residual, Tensor) or residual.dim() != 3 or residual.shape[-1] != self.cfg.d_model:
+                raise ValueError(
+                    f"With `start_at_layer`, `input` is a residual-stream tensor [batch, pos, {self.cfg.d_model}], got "
+                    f"{describe(residual)}."
+                )
+            if input is None:
+                input = torch.zeros(residual.shape[:2], dtype=torch.long, device=residual.device)
+        if input is None:
+            raise TypeError("forward() needs `input` (text or token ids) or `input_ids`.")
+        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side)
+        ctx = None
+        if position_ids is not None:
+            if (
+                not isinstance(position_ids, Tensor)
+                or position_ids.shape != tokens.shape
+                or position_ids.is_floating_point()
+            ):
+                raise ValueError(
+                    f"`position_ids` must be an integer tensor of the tokens' shape {tuple(tokens.shape)}, got "
+                    f"{describe(position_ids)}."
+                )
+            position_ids = position_ids.to(tokens.device)
+            ctx = dataclasses.replace(HookContext.from_mask(mask), positions=position_ids)
+        hf_kwargs = {"output_hidden_states": True} if output_hidden_states else {}
+        patterns: dict[str, Tensor] = {}
+        with contextlib.ExitStack() as stack:
+            if output_attentions:
+                keep = CacheWriter(None)
+                stack.enter_context(self.hooks(fwd_hooks=[("pattern", keep.hook)], read_only=True))
+                patterns = keep.tensors
+            out = self.forward_tokens(
+                tokens, mask, ctx, stop_at_layer=stop_at_layer, start_at_layer=start_at_layer, residual=residual,
+                explicit_positions=position_ids is not None, **hf_kwargs,
+            )  # fmt: skip
+        if stop_at_layer is not None or return_type is None:
+            return None if return_type is None and stop_at_layer is None else out
+        if output_hidden_states or output_attentions:
+            result = out if hf_kwargs else CausalLMOutputWithPast(logits=out)
+            if output_attentions:
+                result.attentions = tuple(patterns[f"blocks.{i}.attn.hook_pattern"] for i in range(self.cfg.n_layers))
+            return result
+        logits = out
+        if return_type == "logits":
+            return logits
+        loss = next_token_losses(logits, tokens, mask) if loss_per_token else next_token_loss(logits, tokens, mask)
+        return loss if return_type == "loss" else (logits, loss)
+
+    def _kv_forward(
+        self, input: Input, attention_mask: Tensor | None, prepend_bos: bool | None, past: Cache | None,
+        return_type: str | None,
+    ) -> Any:  # fmt: skip
+        """`forward` with HF's KV cache: a prefill (``past`` None) or a step on ``past``; see `forward`."""
+        if return_type not in ("logits", "logits_and_cache"):
+            raise ValueError(
+                f"A KV-cached forward returns 'logits' or 'logits_and_cache', got `return_type`={return_type!r}."
+            )
+        if self.adapter.ssm is not None:
+            raise ValueError("`past_key_values` / 'logits_and_cache' is for attention models; use generate() here.")
+        if past is not None and not isinstance(past, Cache):
+            raise TypeError(
+                f"`past_key_values` must be the HF cache a 'logits_and_cache' forward returned, got {describe(past)}."
+            )
+        n_past = 0 if past is None else past.get_seq_length()
+        if n_past == 0:
+            tokens, mask = self.prepare_input(input, attention_mask, prepend_bos)
+            past = DynamicCache(config=self.hf_model.config) if past is None else past
+        else:
+            if not isinstance(input, Tensor) or input.dim() != 2 or input.is_floating_point():
+                raise TypeError(f"A cached step takes the new token ids [batch, new], got {describe(input)}.")
+            tokens = input.to(input_device(self.hf_model))
+            expected = (tokens.shape[0], n_past + tokens.shape[1])
+            mask = (
+                torch.ones(expected, dtype=torch.long, device=tokens.device)
+                if attention_mask is None
+                else attention_mask
+            )
+            if tuple(mask.shape) != expected:
+                raise ValueError(
+                    f"`attention_mask` of a cached step covers the {n_past} cached and {tokens.shape[1]} new "
+                    f"positions: shape {expected}, got {tuple(mask.shape)}."
+                )
+            mask = check_attention_mask(mask.to(tokens.device), torch.Size(expected))
+        full = HookContext.from_mask(mask, phase="prefill" if n_past == 0 else "decode")
+        new = slice(n_past, None)
+        ctx = HookContext(full.phase, 0, full.positions[:, new], full.pad_mask[:, new], full.is_generated[:, new])
+        padded = not bool(mask.all())
+        out = self.run_model(tokens, mask if padded else None, ctx, past_key_values=past,
+                             position_ids=ctx.positions if padded else None)  # fmt: skip
+        return (out.logits, past) if return_type == "logits_and_cache" else out.logits
+
+    def input_to_embed(
+        self,
+        input: Input,
+        prepend_bos: bool | None = None,
+        padding_side: PaddingSide | None = None,
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+    ) -> tuple[Float[Tensor, "batch pos d_model"], Int[Tensor, "batch pos"], None, Int[Tensor, "batch pos"]]:
+        """TransformerLens' ``(residual, tokens, shortformer_pos_embed, attention_mask)``: the residual
+        stream entering block 0 (embedding, position embedding and Gemma's scaling included).
+
+        Example:
+            >>> residual, tokens, _, mask = model.input_to_embed("Hello")
+            >>> logits = model(residual, start_at_layer=0, tokens=tokens)
+        """
+        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side)
+        residual = self.forward_tokens(tokens, mask, stop_at_layer=0)
+        return residual, tokens, None, mask
+
+    def run_with_hooks(
+        self,
+        input: Input,
+        fwd_hooks: Sequence[tuple[NameOrFilter, Callable]] = (),
+        bwd_hooks: Sequence[tuple[NameOrFilter, Callable]] = (),
+        reset_hooks_end: bool = True,
+        clear_contexts: bool = False,
+        **forward_kwargs: Any,
+    ) -> Any:
+        """Run a forward with temporary hooks (removed afterwards, also on error); ``forward_kwargs``
+        go to `forward` (``return_type=None``, ``stop_at_layer`` …).
+
+        Example:
+            >>> zero = lambda z, hook: z * 0
+            >>> logits = model.run_with_hooks("Hi", fwd_hooks=[("blocks.0.attn.hook_z", zero)])
+        """
+        with self.hooks(fwd_hooks, bwd_hooks, reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts):
+            return self(input, **forward_kwargs)
+
+    def run_with_cache(
+        self,
+        input: Input,
+        names_filter: NamesFilter = None,
+        device: str | torch.device | None = None,
+        remove_batch_dim: bool = False,
+        incl_bwd: bool = False,
+        pos_slice: int | slice | Sequence[int] | None = None,
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        metric: Callable[[Tensor], Tensor] | None = None,
+        prepend_bos: bool | None = None,
+        stop_at_layer: int | None = None,
+        *,
+        return_type: ReturnType = "logits",
+        loss_per_token: bool = False,
+        return_cache_object: bool = True,
+        clear_contexts: bool = False,
+        start_at_layer: int | None = None,
+        tokens: Int[Tensor, "batch pos"] | None = None,
+        reset_hooks_end: bool = True,
+    ) -> tuple[Any, ActivationCache | dict[str, Tensor]]:
+        """Forward and cache activations: ``(logits, ActivationCache)``, TransformerLens' keywords included.
+
+        Each activation is stored once (aliases such as ``resid_pre[l+1]`` / ``resid_post[l]``
+        share storage) on ``device`` as it is produced; the model is never moved. Without
+        ``incl_bwd`` no autograd graph is kept. With it, ``metric(logits)`` (default: next-token
+        loss) is backpropagated and gradients are stored under ``<name>_grad``.
+
+        ``stop_at_layer=L`` stops before block ``L`` (nothing after it is computed, see `forward`) and
+        returns ``(residual stream entering block L, cache of what ran)``. With ``start_at_layer=K``, ``input`` is
+        the residual stream entering block ``K`` (``tokens=`` / ``attention_mask=`` as in `forward`) and only
+        block ``K`` onwards is cached. TransformerLens' ``return_type``: ``"logits"`` (default), ``"loss"`` (mean
+        next-token loss over real tokens; ``loss_per_token=True``: ``[batch, pos - 1]``), ``"both"``
+        (``(logits, loss)``) or ``None``. ``return_cache_object=False`` returns the cache as a plain
+        ``{name: tensor}`` dict; ``clear_contexts=True`` empties the ``hook.ctx`` of every point cached, afterwards.
+
+        Example:
+            >>> logits, cache = model.run_with_cache("Hello world", names_filter=lambda n: "resid" in n)
+            >>> cache["resid_post", 0].shape
+            >>> loss, cache = model.run_with_cache("Hello world", return_type="loss")
+        """
+        if return_type not in ("logits", "loss", "both", None):
+            raise ValueError(f"`return_type` must be 'logits', 'loss', 'both' or None, got {return_type!r}.")
+        for name, value in (("loss_per_token", loss_per_token), ("return_cache_object", return_cache_object),
+                            ("clear_contexts", clear_contexts)):  # fmt: skip
+            check_bool(name, value)
+        if incl_bwd and not torch.is_grad_enabled():
+            raise ValueError(
+                "`incl_bwd=True` backpropagates, but gradient tracking is off (inside torch.no_grad() or "
+                "torch.set_grad_enabled(False)); call run_with_cache outside it."
+            )
+        if reset_hooks_end is not True:
+            raise ValueError(
+                f"`reset_hooks_end`={reset_hooks_end!r}: the cache is filled by this call only; "
+                "for hooks that outlive the call use model.add_hook(name, fn)."
+            )
+        if start_at_layer is not None:
+            out, cache = self._cache_from_layer(input, start_at_layer, return_type, loss_per_token, names_filter,
+                                                device, pos_slice, tokens, attention_mask, stop_at_layer)  # fmt: skip
+            return out, (cache if return_cache_object else dict(cache.cache_dict))
+        out, cache = self._cached_run(input, names_filter, device, remove_batch_dim, incl_bwd, pos_slice,
+                                      attention_mask, metric, prepend_bos, stop_at_layer)  # fmt: skip
+        if clear_contexts:
+            for name in self.names_matching(names_filter):
+                self.hook_dict[name].clear_context()
+        if stop_at_layer is None:
+            out = self._shape_output(out, input, return_type, loss_per_token, attention_mask, prepend_bos)
+        return out, (cache if return_cache_object else dict(cache.cache_dict))
+
+    def _cached_run(
+        self, input: Input, names_filter: NamesFilter, device: Any, remove_batch_dim: bool, incl_bwd: bool,
+        pos_slice: Any, attention_mask: Tensor | None, metric: Callable | None, prepend_bos: bool | None,
+        stop_at_layer: int | None,
+    ) -> tuple[Tensor, ActivationCache]:  # fmt: skip
+        """`run_with_cache`'s logits (or residual stream) and cache, before TransformerLens' output shaping."""
+        device = check_device(device)
+        if remove_batch_dim and isinstance(input, (list, tuple)) and len(input) != 1:
+            raise ValueError("`remove_batch_dim=True` needs a batch of one; got a batch of several inputs.")
+        if metric is not None and not incl_bwd:
+            raise ValueError("`metric` is backpropagated only with `incl_bwd=True`; add it or drop `metric`.")
+        if metric is not None and not callable(metric):
+            raise TypeError(f"`metric` must be callable as metric(logits) -> scalar tensor, got {describe(metric)}.")
+        names = self.names_matching(names_filter)
+        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos)
+        if pos_slice is not None:
+            pos_slice = check_pos_slice(pos_slice, tokens.shape[1])
+        if remove_batch_dim and tokens.shape[0] != 1:
+            raise ValueError(f"`remove_batch_dim=True` needs a batch of one, got batch {tokens.shape[0]}.")
+        if incl_bwd:
+            store = CacheWriter(device, pos_slice)
+            fwd = [(n, store.hook) for n in names]
+            with self.hooks(fwd_hooks=fwd, bwd_hooks=[(n, store.grad_hook) for n in names], read_only=True):
+                logits = self.forward_tokens(tokens, mask, stop_at_layer=stop_at_layer)
+                if metric is None and stop_at_layer is not None:
+                    raise ValueError(
+                        "With `stop_at_layer`, give `metric` (the output is a residual stream, not logits)."
+                    )
+                target = metric(logits) if metric is not None else next_token_loss(logits, tokens, mask)
+                if not isinstance(target, Tensor) or target.numel() != 1:
+                    raise ValueError(
+                        f"`metric` must return a scalar tensor to backpropagate, got {describe(target)}"
+                        + (f" of shape {tuple(target.shape)}" if isinstance(target, Tensor) else "")
+                        + "; reduce it, e.g. with .sum() or .mean()."
+                    )
+                if not target.requires_grad:
+                    raise ValueError(
+                        "The value to backpropagate has no grad_fn: `metric` does not use the logits, or no "
+                        "parameter requires grad (a frozen model); use the logits, or unfreeze the parameters."
+                    )
+                target.reshape(()).backward()
+            logits, tensors = logits.detach(), store.tensors
+        else:
+            logits, tensors = self.cache_forward(tokens, mask, names, device, pos_slice, stop_at_layer=stop_at_layer)
+        cache = ActivationCache(tensors, self, attention_mask=mask.to(device or mask.device))
+        return logits, (cache.remove_batch_dim() if remove_batch_dim else cache)
+
+    def _cache_from_layer(
+        self,
+        residual: Tensor,
+        start_at_layer: int,
+        return_type: ReturnType,
+        loss_per_token: bool,
+        names_filter: Any,
+        device: Any,
+        pos_slice: Any,
+        tokens: Tensor | None,
+        attention_mask: Tensor | None,
+        stop_at_layer: int | None,
+    ) -> tuple[Any, ActivationCache]:
+        """``run_with_cache(residual, start_at_layer=K)``: `forward`'s resumed run with caching hooks; the
+        blocks before ``K`` (run on a placeholder) and the embeddings fire no hook, so they are not cached."""
+        device = check_device(device)
+        if pos_slice is not None:
+            pos_slice = check_pos_slice(pos_slice, residual.shape[1])
+        store = CacheWriter(device, pos_slice)
+        caching = [(n, store.hook) for n in self.names_matching(names_filter)]
+        resume = dict(start_at_layer=start_at_layer, stop_at_layer=stop_at_layer, tokens=tokens)
+        with torch.no_grad(), self.hooks(fwd_hooks=caching, read_only=True):
+            out = self(residual, attention_mask=attention_mask, return_type=return_type,
+                       loss_per_token=loss_per_token, **resume)  # fmt: skip
+        mask = attention_mask if attention_mask is not None else torch.ones(residual.shape[:2], dtype=torch.long)
+        return out, ActivationCache(store.tensors, self, attention_mask=mask.to(device or mask.device))
+
+    def _shape_output(
+        self, logits: Tensor, input: Any, return_type: ReturnType, loss_per_token: bool,
+        attention_mask: Tensor | None, prepend_bos: bool | None,
+    ) -> Any:  # fmt: skip
+        if return_type == "logits":
+            return logits
+        if return_type is None:
+            return None
+        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos)
+        loss_fn: Callable[..., Tensor] = next_token_losses if loss_per_token else next_token_loss
+        loss = loss_fn(logits, tokens.to(logits.device), mask.to(logits.device))
+        return loss if return_type == "loss" else (logits, loss)
