@@ -93,7 +93,8 @@ class HookPoint:
         Example:
             >>> model.blocks[0].attn.hook_pattern.add_hook(lambda p, hook: p * 0)
         """
-        return self._owner.add_hook(self.name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
+        name = self.name if self._owner.hook_dict.get(self.name) is self else ""  # "": a standalone point's key
+        return self._owner.add_hook(name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
 
     def add_perma_hook(self, hook: "HookFn", dir: Direction = "fwd") -> "HookHandle":
         """Register a hook that `reset_hooks` keeps (``including_permanent=True`` removes it)."""
@@ -424,16 +425,16 @@ class HookRegistry:
         """
         points = self.hook_dict
         if name_filter is None or callable(name_filter):  # a predicate matching nothing gives {}, as in TransformerLens
-            selected = [p for n, p in points.items() if name_filter is None or name_filter(n)]
+            names = [n for n in points if name_filter is None or name_filter(n)]
         else:
             keep = {name_filter} if isinstance(name_filter, str) else set(name_filter)
             exact = all(isinstance(n, str) and n in points for n in keep)
-            selected = [points[n] for n in points if n in keep] if exact else self.resolve(name_filter, "name_filter")
+            names = [n for n in points if n in keep] if exact else self.names.select(name_filter, "name_filter")
         out = {}
-        for point in selected:
-            entries = [e for e in _by_direction(point, dir) if including_permanent or not e.permanent]
+        for name in names:
+            entries = [e for e in _by_direction(points[name], dir) if including_permanent or not e.permanent]
             if entries:
-                out[point.name] = entries
+                out[name] = entries
         return out
 
     @contextmanager
