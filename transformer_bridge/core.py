@@ -435,6 +435,8 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         Returns the logits and the cached tensors; `run_with_cache` is the user-facing form.
         """
         store = CacheWriter(device, pos_slice)
+        if logits_to_keep and any(n.startswith("unembed.") for n in names):  # lm_head's points show every position
+            logits_to_keep = 0
         # no_grad, not inference_mode: inference tensors cannot meet parameters in autograd later.
         with self.hooks(fwd_hooks=[(n, store.hook) for n in names], read_only=True), torch.no_grad():
             logits = self.forward_tokens(tokens, mask, ctx, logits_to_keep, stop_at_layer=stop_at_layer)
