@@ -18,7 +18,7 @@ TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(3))
 @pytest.mark.parametrize("model_type", list(ALIAS_CONFIGS))
 def test_alias_runs_its_twins_code_exactly(model_type):
     twin_family, config = ALIAS_CONFIGS[model_type]
-    config = adapted_config(config)
+    config = adapted_config(model_type, config)
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(config).eval()
     model = TransformerBridge(hf, char_tokenizer())

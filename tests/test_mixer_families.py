@@ -4,8 +4,9 @@ Falcon-Mamba and Mamba 2 (every block a mixer), Bamba, Jamba, LFM2 and Nemotron-
 layers; MLPs, mixtures of experts). Each family: forward and ``run_with_cache`` bitwise HF's (padded too), every
 point where the layer kind says and nowhere else, edits equal plain torch hooks on HF's modules, in-place edits
 equal returned ones on every point, greedy ``generate`` equal HF's (alone and left-padded), steering during
-generation equal HF's generate under the same torch hook, ``return_cache`` equal ``run_with_cache``, clear
-refusals (controllers, static cache / compile, speculative decoding), and the relevance methods that apply.
+generation equal HF's generate under the same torch hook, beam search equal HF's, ``return_cache`` equal
+``run_with_cache``, clear refusals (controllers, static cache / compile, speculative decoding), and the relevance
+methods that apply.
 Mamba itself: tests/test_ssm.py.
 """
 
@@ -27,7 +28,7 @@ PADDED = torch.tensor([[0, 0, 50, 60], [1, 7, 9, 11]])
 
 
 def make(family: str, seed: int = 0) -> TransformerBridge:
-    config = adapted_config(CONFIGS[family])
+    config = adapted_config(family, CONFIGS[family])
     torch.manual_seed(seed)
     hf = AutoModelForCausalLM.from_config(config).eval()
     # Weights larger than the init, so greedy continuations vary and the recurrent state matters.
@@ -212,6 +213,12 @@ def test_greedy_generate_equals_hf_alone_and_left_padded(model):
     for row, prompt in ((0, PADDED[:1, 2:]), (1, PADDED[1:])):
         alone = model.generate(prompt, max_new_tokens=8, temperature=0, stop_at_eos=False)
         assert torch.equal(both[row, -8:], alone[0, -8:]), row
+
+
+def test_beam_search_equals_hf(model):
+    """Beams reorder the conv and recurrent states with the keys and values (`KVRows.select`)."""
+    theirs = model.hf_model.generate(PROMPTS, max_new_tokens=5, num_beams=2, do_sample=False)
+    assert torch.equal(model.generate(PROMPTS, max_new_tokens=5, num_beams=2, do_sample=False), theirs)
 
 
 def test_steering_during_generate_equals_hf_generate_with_the_same_torch_hook(model):

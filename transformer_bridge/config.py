@@ -8,6 +8,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .adapters import Adapter
+from .mixers import holds
 from .moe import is_moe_block
 from .sites import get_module
 
@@ -205,7 +206,9 @@ def bridge_config(model: PreTrainedModel, adapter: Adapter, tokenizer: Any = Non
     d_head = getattr(c, "head_dim", None) or (d_model // n_heads if n_heads else 0)
     if adapter.mla:  # DeepSeek's config.head_dim is the rotary width; z and result are per value head
         d_head = c.v_head_dim
-    dense = [b for b in get_module(model, adapter.blocks) if not is_moe_block(b, adapter.moe)]
+    blocks = get_module(model, adapter.blocks)
+    # A hybrid's blocks without an MLP (Nemotron-H's mixer and attention blocks) say nothing about its width.
+    dense = [b for b in blocks if not is_moe_block(b, adapter.moe) and holds(b, adapter.mlp_down, adapter)]
     if dense:
         down = get_module(dense[0], adapter.mlp_down)
         d_mlp = down.weight.shape[0] if adapter.conv1d else down.weight.shape[1]

@@ -29,8 +29,9 @@ MAMBA = Adapter(
     ssm=SSM(),
 )
 
-# Mamba 1 with weightless RMS norms on dt, B and C after the selection projection.
-FALCON_MAMBA = replace(MAMBA, model_types=("falcon_mamba",), ssm=SSM(selection_norms=True))
+# Mamba 1 with weightless RMS norms on dt, B and C after the selection projection (modules from transformers 5.15 on;
+# a function before, with no boundary to hook).
+FALCON_MAMBA = replace(MAMBA, model_types=("falcon_mamba",), ssm=SSM(selection_norms=True), transformers=">=5.15")
 
 # Mamba 2: one input projection [gate | x B C | dt], multi-head scan, gated RMS norm before the output projection.
 MAMBA2 = replace(MAMBA, model_types=("mamba2",), ssm=SSM(kind="mamba2", gated_norm="mixer.norm"))

@@ -36,7 +36,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from torch._dynamo.utils import counters
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import StaticLayer
+from transformers.cache_utils import LinearAttentionCacheLayerMixin, StaticLayer
 
 from ..core import BridgeCore
 from ..hook_points import HookContext
@@ -80,6 +80,11 @@ class KVRows:
         for layer in self._layers():
             layer.keys = layer.keys.index_select(0, index)
             layer.values = layer.values.index_select(0, index)
+        for layer in self.cache.layers:
+            # State-space / convolution layers (Mamba, hybrids) hold per-row conv and recurrent states, no keys:
+            # HF's own row selection (beam search's reorder).
+            if isinstance(layer, LinearAttentionCacheLayerMixin):
+                layer.reorder_cache(index)
 
     def realign(self, order: Int[Tensor, "batch key_pos"], start: int) -> None:
         """Reorder each row's columns by ``order`` (kept entries last), then drop the first ``start`` columns."""
@@ -109,7 +114,10 @@ class KVRows:
         """Count ``width`` columns written by a forward (a dynamic cache counts itself)."""
 
     def _layers(self) -> list:
-        return [layer for layer in self.cache.layers if layer.is_initialized and layer.keys.numel()]
+        # State-space layers have neither keys nor `is_initialized`; HF's placeholder for layers without a cache
+        # (Nemotron-H's MLP blocks) has no keys.
+        layers = [layer for layer in self.cache.layers if getattr(layer, "is_initialized", False)]
+        return [layer for layer in layers if getattr(layer, "keys", None) is not None and layer.keys.numel()]
 
 
 class StaticKVRows(KVRows):
