@@ -221,9 +221,15 @@ def test_beam_search_equals_hf(model):
     assert torch.equal(model.generate(PROMPTS, max_new_tokens=5, num_beams=2, do_sample=False), theirs)
 
 
-def test_steering_during_generate_equals_hf_generate_with_the_same_torch_hook(model):
-    name, path, _, _ = _mixer_cases(model)[0]  # hook_mixer_out of the first mixer layer
-    delta = torch.linspace(-2, 2, model.cfg.d_model)
+@pytest.mark.parametrize("where", ["mixer", "attn"])
+def test_steering_during_generate_equals_hf_generate_with_the_same_torch_hook(model, where):
+    """An edit of a mixer's output enters the recurrent state, one of ``hook_v`` the KV cache, as HF's hooks do."""
+    cases = _mixer_cases(model)[:1] if where == "mixer" else _attn_cases(model)[1:2]  # hook_mixer_out / hook_v
+    if not cases:
+        pytest.skip("no attention layer")
+    name, path, _, _ = cases[0]
+    width = model.cfg.d_model if where == "mixer" else model.cfg.n_kv_heads * model.cfg.d_head
+    delta = torch.linspace(-2, 2, width)
     module = get_module(_blocks(model), path)
     handle = module.register_forward_hook(lambda m, a, o: o + delta)
     try:
@@ -234,7 +240,7 @@ def test_steering_during_generate_equals_hf_generate_with_the_same_torch_hook(mo
 
     def steer(x, hook):
         phases.append((hook.ctx.phase, x.shape[1]))
-        return x + delta
+        return x + delta.view(x.shape[2:])
 
     with model.hooks(fwd_hooks=[(name, steer)]):
         ours = model.generate(PROMPTS, max_new_tokens=6, temperature=0)
