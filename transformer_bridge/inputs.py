@@ -102,7 +102,10 @@ def check_attention_mask(mask: Any, shape: torch.Size, left_padded: bool = False
         raise TypeError(f"`attention_mask` must be a tensor [batch, pos] of 0/1, got {describe(mask)}.")
     mask = mask[None] if mask.dim() == 1 else mask
     if mask.shape != shape:
-        raise ValueError(f"`attention_mask` shape {tuple(mask.shape)} must equal the tokens' shape {tuple(shape)}.")
+        raise ValueError(
+            f"`attention_mask` shape {tuple(mask.shape)} does not match the prompt shape {tuple(shape)}: it must "
+            "equal the tokens' shape."
+        )
     if mask.dtype.is_complex or mask.device.type == "meta":
         raise TypeError(f"`attention_mask` must be a real 0/1 tensor, got dtype {mask.dtype} on {mask.device}.")
     binary = (mask == 0) | (mask == 1)

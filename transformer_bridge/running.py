@@ -58,6 +58,7 @@ class Running:
         position_ids: Int[Tensor, "batch pos"] | None = None,
         past_key_values: Cache | None = None,
         past_kv_cache: Any = None,
+        use_cache: bool | None = None,
     ) -> Any:
         """Logits ``[batch, pos, d_vocab]``, TransformerLens' ``forward`` with HF's keywords too.
 
@@ -78,6 +79,8 @@ class Running:
         returns ``(logits, kv_cache)``, an HF ``DynamicCache``; giving it back as ``past_key_values=`` with the
         next token ids and an ``attention_mask`` over past and new tokens runs one cached step (the cache grows
         in place, as HF's does), positions counted from the mask: the logits of the whole sequence's last rows.
+        ``use_cache`` (HF's keyword) is accepted: a cached step is one with ``past_key_values``; without it the
+        logits are the same either way.
 
         Example:
             >>> logits = model("The capital of France is")
@@ -89,6 +92,10 @@ class Running:
                 raise TypeError(f"`past_kv_cache` takes a TransformerLensKeyValueCache, not {describe(past_kv_cache)}")
             tl_args = (prepend_bos, padding_side, return_type, loss_per_token, start_at_layer, stop_at_layer)
             return past_kv_cache.bridge_forward(self, input_ids if input is None else input, attention_mask, *tl_args)
+        if use_cache is not None:
+            check_bool("use_cache", use_cache)
+            if use_cache is False and past_key_values is not None:
+                raise ValueError("`use_cache=False` with `past_key_values`: a cached step uses the cache; drop one.")
         if return_type == "logits_and_cache" or past_key_values is not None:
             if stop_at_layer is not None or start_at_layer is not None or output_hidden_states or output_attentions:
                 raise ValueError(

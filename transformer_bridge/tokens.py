@@ -10,7 +10,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from .checks import check_bool
+from .checks import ArgumentValueError, check_bool
 from .inputs import PaddingSide, tokenize
 
 
@@ -23,10 +23,10 @@ class Tokens:
     """
 
     def _require_tokenizer(self) -> Any:
-        if self.tokenizer is None:
-            raise ValueError(
-                "This bridge has no tokenizer, so it cannot take text. Pass token ids, or build it with "
-                "`TransformerBridge(hf_model, tokenizer)`."
+        if self.tokenizer is None:  # also an AssertionError, which TransformerLens raises here
+            raise ArgumentValueError(
+                "This bridge has no tokenizer, so it cannot take text (to_tokens without a tokenizer). Pass token "
+                "ids, or build it with `TransformerBridge(hf_model, tokenizer)`."
             )
         return self.tokenizer
 

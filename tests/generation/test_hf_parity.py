@@ -71,7 +71,7 @@ def test_right_padded_rows_give_the_tokens_of_left_padded_ones(model):
         assert real_new(alone)[0] == real_new(out)[i]
 
 
-def test_left_aligned_moves_each_row_and_refuses_holes(llama):
+def test_left_aligned_moves_each_row_and_keeps_holes_as_hf(llama):
     model = llama
     tokens, mask = (
         torch.tensor([[5, 6, 0, 0], [7, 8, 9, 4], [0, 3, 4, 0]]),
@@ -80,8 +80,16 @@ def test_left_aligned_moves_each_row_and_refuses_holes(llama):
     moved, moved_mask = resolve.left_aligned(model, tokens, mask)
     assert moved.tolist() == [[0, 0, 5, 6], [7, 8, 9, 4], [0, 0, 3, 4]]
     assert moved_mask.tolist() == [[0, 0, 1, 1], [1] * 4, [0, 0, 1, 1]]
-    with pytest.raises(ValueError, match=r"`attention_mask` row 0 is not left-padded"):
-        model.generate(torch.tensor([[5, 6, 7]]), attention_mask=torch.tensor([[1, 0, 1]]), max_new_tokens=2)
+    # A masked token between real ones stays where it is (positions count real tokens), as in HF's generate,
+    # and the tokens are those of the prompt without it; the row driver refuses such a mask.
+    gapped, gap_mask = torch.tensor([[5, 6, 9, 7, 8]]), torch.tensor([[1, 1, 0, 1, 1]])
+    ours = model.generate(gapped, attention_mask=gap_mask, max_new_tokens=4)
+    hf = model.hf_model.generate(gapped, attention_mask=gap_mask, max_new_tokens=4, do_sample=False)
+    assert torch.equal(ours, hf)
+    compact = model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=4)
+    assert torch.equal(ours[:, 5:], compact[:, 4:])
+    with pytest.raises(ValueError, match="padding between real tokens; a controller"):
+        model.generate(gapped, attention_mask=gap_mask, max_new_tokens=2, controller=lambda view: None)
 
 
 def test_token_type_ids_of_zeros_are_ignored_others_refused(llama):
@@ -319,7 +327,7 @@ def test_transformer_lens_call_runs():
         (dict(use_past_kv_cach=True), TypeError, r"Did you mean 'use_past_kv_cache'"),
         (dict(return_dict_in_generat=True), TypeError, r"Did you mean 'return_dict_in_generate'"),
         (dict(output_attentions=True), ValueError, r"`output_attentions`=True.*return_cache=True.*hook_pattern"),
-        (dict(suppress_tokens=[3]), ValueError, r"`suppress_tokens`.*logit_bias"),
+        (dict(penalty_alpha=0.6), ValueError, r"`penalty_alpha`=0.6.*contrastive search"),
         (dict(prefix_allowed_tokens_fn=lambda b, ids: [1]), ValueError, r"PrefixConstrainedLogitsProcessor"),
     ],
 )

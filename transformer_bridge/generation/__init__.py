@@ -181,6 +181,11 @@ def generate(
             embeds = None if request.embeds is None else request.embeds.repeat_interleave(n, dim=0)
             out = decode.generate(model, tokens, mask, p, static, static and compile, embeds)
         else:  # the row driver: a controller, speculative decoding (`drafts`), or both
+            if resolve.has_gaps(mask):
+                raise ValueError(
+                    "`attention_mask` has padding between real tokens; a controller or speculative decoding needs "
+                    "each row's real tokens contiguous (plain decoding and beam search take such masks, as HF)."
+                )
             controllers = [None] * len(tokens)
             if request.controller is not None:
                 controllers = control.check_controller(request.controller, request.tokens.shape[0], model)

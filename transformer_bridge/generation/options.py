@@ -277,7 +277,9 @@ def _eos_ids(model: BridgeCore, eos_token_id: int | Sequence[int] | Tensor | Non
                 "For a string, use `model.to_single_token(text)`."
             )
         ids = [eos_token_id] if is_int(eos_token_id) else list(eos_token_id)
-        return [_token("eos_token_id", t, d_vocab) for t in ids]
+        # An id past the vocabulary (GPT-2's 50256 on a smaller model) is accepted, as by HF: it is never produced.
+        ids = [check_int("eos_token_id", t, minimum=0, hint="Token ids are >= 0.") for t in ids]
+        return [t for t in ids if t < d_vocab]
     # The model's own choice, as HF's generate makes it; ids past the vocabulary (a tiny test config
     # keeping GPT-2's 50256) can never be produced, so they are dropped rather than rejected.
     for source in (

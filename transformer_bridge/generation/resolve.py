@@ -36,7 +36,7 @@ from transformers import GenerationConfig
 
 from ..checks import ArgumentTypeError, check_bool, check_device, check_int, describe, is_int
 from ..core import BridgeCore
-from ..inputs import hf_generate_mask
+from ..inputs import hf_generate_mask, left_padding_mask
 from . import options
 from .declare import BY_NAME, CONFIG_FIELDS
 from .keywords import UNSUPPORTED, is_number_or_flag
@@ -249,8 +249,11 @@ def _prompt(
     if isinstance(source, Tensor) and source.is_floating_point():  # embeddings (HF's inputs_embeds)
         tokens, mask, embeds = _embeddings(model, source, attention_mask)
         return tokens, mask, embeds, None, False
-    if not text and attention_mask is None and isinstance(source, Tensor):  # HF generate's rule for bare ids
-        attention_mask = hf_generate_mask(source, *_hf_pad_and_eos(settings, pad_token_id, eos_token_id))
+    if not text and attention_mask is None and isinstance(source, Tensor):
+        if padding_side == "left":  # TransformerLens' rule: the ids are left-padded with the tokenizer's pad id
+            attention_mask = _tl_left_padding(model, source, prepend_bos)
+        else:  # HF generate's rule for bare ids
+            attention_mask = hf_generate_mask(source, *_hf_pad_and_eos(settings, pad_token_id, eos_token_id))
     tokens, mask = model.prepare_input(source, attention_mask, prepend_bos)
     if token_type_ids is not None:
         _check_token_type_ids(token_type_ids, tokens.shape)
@@ -290,6 +293,26 @@ def _check_embeds_options(a: Mapping[str, Any]) -> None:
                 f"`{name}`={describe(value)} cannot be combined with a prompt given as embeddings: it would run the "
                 "prompt's token ids again, which embeddings do not have. Pass token ids, or drop it."
             )
+
+
+def _tl_left_padding(model: BridgeCore, tokens: Tensor, prepend_bos: bool | None) -> Tensor:
+    """``padding_side="left"`` with token ids: leading pad tokens are padding (TransformerLens reads them with
+    the tokenizer's pad id; a bridge without one has nothing to read them by, and says so)."""
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise ValueError(
+            "`padding_side='left'` with token ids reads the padding by the tokenizer's pad id, and this bridge has "
+            "none (no tokenizer). Pass `attention_mask=` (0 on the padding) instead."
+        )
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        raise ValueError(
+            "`padding_side='left'` with token ids reads the padding by the tokenizer's pad_token_id, which is None. "
+            "Set `tokenizer.pad_token_id`, or pass `attention_mask=` (0 on the padding)."
+        )
+    bos = model.cfg.default_prepend_bos if prepend_bos is None else prepend_bos
+    ids = tokens[None] if tokens.dim() == 1 else tokens
+    return left_padding_mask(ids, pad, getattr(tokenizer, "bos_token_id", None), bos)
 
 
 def _hf_pad_and_eos(settings: Settings, pad_token_id: Any, eos_token_id: Any) -> tuple[int | None, list[int]]:
@@ -351,11 +374,11 @@ def _check_token_type_ids(token_type_ids: object, shape: torch.Size) -> None:
 def left_aligned(
     model: BridgeCore, tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"]
 ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
-    """The batch with each row's real tokens moved to the right end (left padding), as generation needs.
+    """The batch with each row's last real token moved to the last column (left padding), as generation needs.
 
     A right-padded row (a tokenizer's default ``padding_side``) gives, once moved, exactly the tokens
-    it gives alone; HF's ``generate`` instead warns and continues from the padding. A row whose real
-    tokens are not contiguous raises (`prepare_input`'s error).
+    it gives alone; HF's ``generate`` instead warns and continues from the padding. Masked positions between
+    real tokens stay where they are, as in HF (positions count real tokens only).
 
     Example:
         >>> left_aligned(model, torch.tensor([[5, 6, 0]]), torch.tensor([[1, 1, 0]]))
@@ -363,15 +386,16 @@ def left_aligned(
     """
     width = tokens.shape[1]
     real = mask.bool()
-    first = real.int().argmax(-1)
     last = width - 1 - real.flip(-1).int().argmax(-1)
-    left, contiguous = torch.stack([(last == width - 1).all(), (last - first + 1 == real.sum(-1)).all()]).tolist()
-    if left and contiguous:
+    if bool((last == width - 1).all()):
         return tokens, mask
-    if not contiguous:
-        model.prepare_input(tokens, mask, left_padded=True)  # raises, naming the first such row
     index = (torch.arange(width, device=tokens.device) - (width - 1 - last)[:, None]) % width
     return tokens.gather(1, index), mask.gather(1, index)
+
+
+def has_gaps(mask: Int[Tensor, "batch pos"]) -> bool:
+    """Whether a left-padded mask has padding between real tokens (a row's mask goes 1 then 0)."""
+    return bool((mask.cummax(-1).values > mask).any())
 
 
 def _lengths(settings: Settings, width: int, n_ctx: int | None, a: Mapping[str, Any]) -> tuple[Any, Any]:
