@@ -5,6 +5,7 @@ from .activations import ActivationStore, harvest
 from .adapters import SUPPORTED_MODEL_TYPES, UnsupportedArchitectureError
 from .bridge import BridgeConfig, TransformerBridge
 from .cache import ActivationCache, CacheFileError, get_act_name
+from .compat.kv_cache import TransformerLensKeyValueCache
 from .core import BridgeCore
 from .generation import Branch, GenerationOutput, View, sample
 from .hook_points import HookContext, HookHandle, HookPoint
@@ -30,6 +31,7 @@ __all__ = [
     "RelevanceRun",
     "StaleCompiledHooksError",
     "TransformerBridge",
+    "TransformerLensKeyValueCache",
     "UnknownHookError",
     "UnsupportedArchitectureError",
     "View",
