@@ -135,7 +135,8 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         mark = "pass" if r["ok"] else "**FAIL**"
         install_s = "reused" if r["install_s"] is None else f"{r['install_s']:.0f}"
-        lines.append(f"| {r['client']} | {r['version']} | {r['what']} | {mark}: {r['result']} | {install_s} | "
+        what, result = (text.replace("|", "\\|") for text in (r["what"], r["result"]))  # a cell holds no pipe
+        lines.append(f"| {r['client']} | {r['version']} | {what} | {mark}: {result} | {install_s} | "
                      f"{r['run_s']:.0f} |")  # fmt: skip
     total = sum((r["install_s"] or 0) + r["run_s"] for r in rows)
     return "\n".join(lines) + (
@@ -366,7 +367,7 @@ def job_transformer_lens() -> dict:
     verdict = (
         "no unexpected difference"
         if checks["utils parity"]
-        else ("DIFFERENCES: " + " / ".join(rows or [parity.stdout[-300:] + parity.stderr[-300:]])).replace("|", "¦")
+        else ("DIFFERENCES: " + " / ".join(rows or [parity.stdout[-300:] + parity.stderr[-300:]]))
     )
     result = (
         f"patching: {shapes} {same_sweeps} the manual loop; detect_head (previous-token, induction) vs by hand: "
