@@ -216,9 +216,15 @@ def test_greedy_generate_equals_hf_alone_and_left_padded(model):
 
 
 def test_beam_search_equals_hf(model):
-    """Beams reorder the conv and recurrent states with the keys and values (`KVRows.select`)."""
-    theirs = model.hf_model.generate(PROMPTS, max_new_tokens=5, num_beams=2, do_sample=False)
-    assert torch.equal(model.generate(PROMPTS, max_new_tokens=5, num_beams=2, do_sample=False), theirs)
+    """Beams reorder the conv and recurrent states with the keys and values (`KVRows.select`): equal HF's beams.
+    Where HF disagrees with itself (transformers 5.5's cached Mamba 2 beams are not its uncached ones, and score
+    lower), ours must be its uncached beams, which reorder nothing."""
+    kwargs = dict(max_new_tokens=5, num_beams=2, do_sample=False)
+    theirs = model.hf_model.generate(PROMPTS, **kwargs)
+    ours = model.generate(PROMPTS, **kwargs)
+    if not torch.equal(ours, theirs):
+        uncached = model.hf_model.generate(PROMPTS, use_cache=False, **kwargs)
+        assert not torch.equal(theirs, uncached) and torch.equal(ours, uncached)
 
 
 @pytest.mark.parametrize("where", ["mixer", "attn"])
