@@ -8,6 +8,7 @@ here needs pandas until a DataFrame is asked for (``index_df``, ``make_df_from_r
 """
 
 import hashlib
+import importlib
 import itertools
 import math
 from collections.abc import Sequence
@@ -19,11 +20,6 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..checks import ArgumentValueError, check_int
-
-try:  # optional: only DataFrames need it (`pip install transformer-bridge[patching]`)
-    import pandas
-except ImportError:  # pragma: no cover - exercised where pandas is absent
-    pandas = None
 
 ALTERNATIVES = ("two-sided", "greater", "less")
 STATISTICS = ("mean", "median")
@@ -40,14 +36,21 @@ def index_rows(ranges: Sequence[int]) -> Int[Tensor, "cell axis"]:
     return torch.tensor(rows, dtype=torch.long).reshape(len(rows), len(ranges))
 
 
+def _pandas() -> Any:
+    """pandas, loaded when a DataFrame is first asked for (importing it costs more than a second, and a sweep
+    never needs it), or an `ImportError` that says how to get it."""
+    try:
+        return importlib.import_module("pandas")
+    except ImportError as e:
+        raise ImportError(
+            "A DataFrame needs pandas: `pip install pandas` (or transformer-bridge[patching]). Without it, read the "
+            "cells from `PatchingResult.index` (a [cell, axis] tensor)."
+        ) from e
+
+
 def dataframe(index: Int[Tensor, "cell axis"], names: Sequence[str]) -> Any:
     """``index`` as a pandas DataFrame with ``names`` as columns (pandas is needed here, and only here)."""
-    if pandas is None:
-        raise ImportError(
-            "An index DataFrame needs pandas: `pip install pandas` (or transformer-bridge[patching]). Without it, "
-            "read the cells from `PatchingResult.index` (a [cell, axis] tensor)."
-        )
-    return pandas.DataFrame(index.tolist(), columns=list(names))
+    return _pandas().DataFrame(index.tolist(), columns=list(names))
 
 
 def make_df_from_ranges(column_max_ranges: Sequence[int], column_names: Sequence[str]) -> Any:
@@ -252,6 +255,4 @@ class PatchingResult:
                         row["example"] = b
                     row["value"] = float(flat[m, c, b])
                     rows.append(row)
-        if pandas is None:
-            raise ImportError("`to_dataframe` needs pandas: `pip install pandas` (or transformer-bridge[patching]).")
-        return pandas.DataFrame(rows)
+        return _pandas().DataFrame(rows)
