@@ -15,4 +15,6 @@ GRANITEMOE = replace(
     model_types=("granitemoe",),
     mlp_out="block_sparse_moe",
     moe=MoE(router="block_sparse_moe.router", experts="block_sparse_moe.experts", routing="topk_softmax"),
+    # Before 5.21 HF's router returned (index, weights, logits); the bridge reads (logits, weights, index).
+    transformers=">=5.21",
 )
