@@ -1,12 +1,15 @@
 """`TransformerBridge`: the public class. The core bridge (`BridgeCore`: wrap, tokens, forward, hooks,
-caches) plus thin methods over the function packages below it: `generation.generate`,
-`relevance.forward_pass` / `relevance.relevance`, and the TransformerLens-compatible surface in
-`compat/`. Every import points down: nothing below imports this module.
+caches; its mixins `Running`, `HookRegistry`, `Tokens`) plus one mixin, `compat.TransformerLensSurface`
+(TransformerLens' weights, circuits, component tree, caching hooks, token helpers, weight processing), and thin
+methods over the function packages below it: `generation.generate`, `relevance.forward_pass` /
+`relevance.relevance`. No method is overridden across the mixins; the few the public class refines (loading with
+TransformerLens' processing keywords, copying, attribute lookup of the component tree) are defined here.
+Every import points down: nothing below imports this module.
 """
 
-from .compat.components import Components
-from .compat.tokens import TokenHelpers
-from .compat.weights import WeightProperties
+from typing import Any
+
+from .compat.surface import TransformerLensSurface
 from .core import BridgeConfig, BridgeCore
 from .generation import generate as _generate
 from .generation import generate_stream as _generate_stream
@@ -18,7 +21,7 @@ from .steering import steer as _steer
 __all__ = ["BridgeConfig", "TransformerBridge"]
 
 
-class TransformerBridge(Components, TokenHelpers, WeightProperties, BridgeCore):
+class TransformerBridge(TransformerLensSurface, BridgeCore):
     """Wrap a HF causal LM: TransformerLens-named hook points, caches, hooked generation, relevance.
 
     With no hook registered the model runs its own code: logits are bitwise those of the HF model.
@@ -39,3 +42,43 @@ class TransformerBridge(Components, TokenHelpers, WeightProperties, BridgeCore):
     forward_pass = _forward_pass
     relevance = _relevance
     steer = _steer
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)  # nn.Module: parameters, buffers, submodules
+        except AttributeError:
+            points = self.__dict__.get("hook_dict")
+            if points is not None and name in points:
+                return points[name]
+            raise
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        new = super().__deepcopy__(memo)  # type: ignore[misc]
+        new.weight_processing = self.weight_processing
+        return new
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        *args: Any,
+        fold_ln: bool = False,
+        center_writing_weights: bool = False,
+        center_unembed: bool = False,
+        fold_value_biases: bool = False,
+        refactor_factored_attn_matrices: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Load and wrap (see `BridgeCore.from_pretrained`); TransformerLens' processing keywords opt in to
+        processed weights (`process_weights`), all False by default: the model runs as HF ships it.
+
+        Example:
+            >>> model = TransformerBridge.from_pretrained("path/to/SmolLM2", fold_ln=True, center_unembed=True)
+        """
+        model = super().from_pretrained(name_or_path, *args, **kwargs)  # type: ignore[misc]
+        steps = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
+                     fold_value_biases=fold_value_biases,
+                     refactor_factored_attn_matrices=refactor_factored_attn_matrices)  # fmt: skip
+        if any(v is not False for v in steps.values()):
+            model.process_weights(**steps)
+        return model

@@ -50,8 +50,9 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
                 f"`hf_model` must be a HuggingFace causal LM (PreTrainedModel), got {type(hf_model).__name__}."
             )
         nn.Module.__init__(self)
-        HookRegistry.__init__(self)
+        HookRegistry.__init__(self, sync=self._sync_sites)
         self.hf_model = hf_model
+        self.training = hf_model.training  # the bridge reports its model's mode (eval after from_pretrained)
         self.tokenizer = tokenizer
         self.adapter: Adapter = adapter_for(hf_model.config.model_type)
         try:
@@ -171,7 +172,8 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         return cls(hf_model.eval(), tokenizer)
 
     # -- hooks --------------------------------------------------------------------------------
-    def _sync(self, point: HookPoint) -> None:
+    def _sync_sites(self, point: HookPoint) -> None:
+        """Attach exactly the sites a hooked point needs (the registry's ``sync``)."""
         for site in self._sites_for[point.name]:
             site.sync()
             if site.attached:

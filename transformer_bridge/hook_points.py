@@ -59,7 +59,7 @@ class HookPoint:
         # Set on points a tensor-parallel plan splits (`distributed.ShardSpec`): their hooks see the gathered tensor.
         self.shard = None
         if owner is None:  # TransformerLens' standalone `HookPoint()`: its own registry; calling it runs the hooks
-            owner = _Standalone()
+            owner = HookRegistry()
             owner._set_points({"": self}, 0)
         self._owner = owner
 
@@ -264,13 +264,15 @@ class HookHandle:
 class HookRegistry:
     """The set of hook points of one model, with add/remove bookkeeping and the current context.
 
-    Subclasses implement `_sync(point)`: make the torch hooks that serve ``point`` present exactly
-    when it (or a point sharing them) has a function. It must be idempotent, so that registration
-    and removal can be rolled back or completed after a failure: an exception, KeyboardInterrupt
-    included, inside `add_hook`, `hooks()` or `reset_hooks` leaves the old state or the new one.
+    ``sync(point)`` (given by the model: `BridgeCore` attaches its sites) makes the torch hooks that serve
+    ``point`` present exactly when it (or a point sharing them) has a function. It must be idempotent, so that
+    registration and removal can be rolled back or completed after a failure: an exception, KeyboardInterrupt
+    included, inside `add_hook`, `hooks()` or `reset_hooks` leaves the old state or the new one. Without it
+    (a standalone `HookPoint`) there is nothing to attach.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sync: Callable[[HookPoint], None] | None = None) -> None:
+        self._sync = sync if sync is not None else _nothing_to_attach
         self.hook_dict: dict[str, HookPoint] = {}
         self.names = HookNames([], 0)
         self.ctx: HookContext | None = None
@@ -278,10 +280,7 @@ class HookRegistry:
         self.shard_local = False  # `distributed.local_shards`: hooks see tensor-parallel shards as they are
         self.context_level = 0  # how many `hooks()` contexts are open (TransformerLens' name)
 
-    # -- subclass interface ---------------------------------------------------------------
-    def _sync(self, point: HookPoint) -> None:
-        raise NotImplementedError
-
+    # -- the model's points ----------------------------------------------------------------
     def _set_points(self, points: dict[str, HookPoint], n_layers: int) -> None:
         self.hook_dict = points
         self.names = HookNames(list(points), n_layers)
@@ -483,11 +482,8 @@ class HookRegistry:
             self.ctx = previous
 
 
-class _Standalone(HookRegistry):
-    """The registry of a standalone `HookPoint` (no model): nothing to attach, the point runs when called."""
-
-    def _sync(self, point: HookPoint) -> None:
-        pass
+def _nothing_to_attach(point: HookPoint) -> None:
+    """The sync of a registry without a model (a standalone `HookPoint`): the point runs when called."""
 
 
 def _hook_pairs(pairs: object, param: str) -> list[tuple[tuple[NameFilter, HookFn], str]]:

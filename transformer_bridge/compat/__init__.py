@@ -1,15 +1,16 @@
-"""The TransformerLens-compatible surface, as small modules over the core bridge."""
+"""The TransformerLens-compatible surface over the core bridge: `TransformerLensSurface` (the one mixin of the
+public class) and the modules doing its work."""
 
-from .components import Blocks, Components, ComponentView
+from .components import Blocks, ComponentView
 from .kv_cache import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
-from .weights import WeightNotAvailableError, WeightProperties
+from .surface import TransformerLensSurface
+from .weights import WeightNotAvailableError
 
 __all__ = [
     "Blocks",
     "ComponentView",
-    "Components",
     "TransformerLensKeyValueCache",
     "TransformerLensKeyValueCacheEntry",
+    "TransformerLensSurface",
     "WeightNotAvailableError",
-    "WeightProperties",
 ]

@@ -1,4 +1,3 @@
-# ruff: noqa: N802  (TransformerLens' names: QK, OV)
 """TransformerLens' weight-circuit surface: ``model.QK`` / ``model.OV`` (factored), ``all_head_labels``,
 ``all_composition_scores`` and ``get_params`` (the weights under HookedTransformer's state-dict names).
 
@@ -12,7 +11,6 @@ OV (R), zero unless the first head's layer comes before the second's.
 
 from typing import Any
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
@@ -77,74 +75,6 @@ def get_params(core: BridgeCore) -> dict[str, Tensor]:
     return out
 
 
-def _per_query_head(core: Any, kv: Float[Tensor, "layer kv_head ..."]) -> Float[Tensor, "layer head ..."]:
+def per_query_head(core: Any, kv: Float[Tensor, "layer kv_head ..."]) -> Float[Tensor, "layer head ..."]:
     """A GQA model's ``[layer, kv_head, ...]`` weights repeated so head ``h`` holds kv head ``h // group``."""
     return kv.repeat_interleave(core.cfg.n_heads // core.cfg.n_kv_heads, dim=1)
-
-
-class Circuits:
-    """Mixin: ``QK``, ``OV``, their ``*_for_attn_layers`` forms, head labels, composition scores, ``get_params``."""
-
-    @property
-    def QK(self) -> FactoredMatrix:
-        """``W_Q @ W_Kᵀ`` per layer and head: ``[layer, head, d_model, d_model]``, kept factored.
-
-        Example:
-            >>> model.QK.shape[:2] == (model.cfg.n_layers, model.cfg.n_heads)
-            True
-        """
-        return FactoredMatrix(self.W_Q, _per_query_head(self, self.W_K).transpose(-2, -1))
-
-    @property
-    def OV(self) -> FactoredMatrix:
-        """``W_V @ W_O`` per layer and head: ``[layer, head, d_model, d_model]``, kept factored.
-
-        Example:
-            >>> model.OV.AB.shape[-2:] == (model.cfg.d_model, model.cfg.d_model)
-            True
-        """
-        return FactoredMatrix(_per_query_head(self, self.W_V), self.W_O)
-
-    def QK_for_attn_layers(self) -> tuple[list[int], FactoredMatrix]:
-        """``(layer indices, QK)``: every layer here has attention, so the indices are all layers."""
-        return list(range(self.cfg.n_layers)), self.QK
-
-    def OV_for_attn_layers(self) -> tuple[list[int], FactoredMatrix]:
-        """``(layer indices, OV)``, as `QK_for_attn_layers`."""
-        return list(range(self.cfg.n_layers)), self.OV
-
-    @property
-    def all_head_labels(self) -> list[str]:
-        """``["L0H0", "L0H1", …]``: layer-major labels of every attention head."""
-        return [f"L{layer}H{head}" for layer in range(self.cfg.n_layers) for head in range(self.cfg.n_heads)]
-
-    def all_composition_scores(self, mode: str) -> CompositionScores:
-        """Composition of every head's output (OV) into every later head's query (``"Q"``: QK), key
-        (``"K"``: QKᵀ) or value (``"V"``: OV): ``[layer, head, layer, head]``, zero where the second
-        head's layer is not after the first's.
-
-        Example:
-            >>> scores = model.all_composition_scores("Q")
-            >>> scores.shape == (model.cfg.n_layers, model.cfg.n_heads) * 2
-            True
-        """
-        left = self.OV
-        rights = {"Q": lambda: self.QK, "K": lambda: self.QK.T, "V": lambda: left}
-        if mode not in rights:
-            raise ValueError(f"`mode`={mode!r}: mode must be one of 'Q', 'K', 'V'.")
-        scores = composition_scores(left, rights[mode]())
-        n = self.cfg.n_layers
-        later = torch.arange(n)[:, None, None, None] < torch.arange(n)[None, None, :, None]
-        scores = torch.where(later.to(scores.device), scores, torch.zeros_like(scores))
-        out = scores.as_subclass(CompositionScores)
-        out.layer_indices, out.head_labels = list(range(n)), self.all_head_labels
-        return out
-
-    def get_params(self) -> dict[str, Any]:
-        """The weights under HookedTransformer's state-dict names (``blocks.0.attn.W_Q`` …).
-
-        Example:
-            >>> model.get_params()["blocks.0.attn.W_Q"].shape == model.blocks[0].attn.W_Q.shape
-            True
-        """
-        return get_params(self)

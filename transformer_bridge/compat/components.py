@@ -10,20 +10,14 @@ parameters where the layout allows, see `compat.weights`). ``.module`` is the HF
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from jaxtyping import Float
-from torch import Tensor, nn
+from torch import nn
 
-from .. import cache_tl
 from ..core import BridgeCore
 from ..hook_points import HookPoint
 from ..moe import is_moe_block
 from ..names import tl4_spelling
 from ..sites import get_module, optional_module
 from . import weights
-from .caching_hooks import CachingHooks
-from .circuits import Circuits
-from .processing import Processing
-from .running import RunCompat
 
 Weight = Callable[[BridgeCore, int], Any]
 
@@ -222,67 +216,3 @@ def build_components(core: BridgeCore) -> tuple[Blocks, dict[str, ComponentView]
             core, "pos_embed.", get_module(core.hf_model, a.pos_embed), model_weights={"W_pos": weights.W_pos}
         )
     return Blocks(views), {k: v for k, v in model_level.items() if v is not None}
-
-
-class Components(RunCompat, CachingHooks, Circuits, Processing):
-    """Mixin for the public class: the component tree and root-level hook points as attributes, with
-    TransformerLens' ``run_with_cache`` keywords (`RunCompat`), caching hooks (`CachingHooks`), weight
-    circuits (`Circuits`) and opt-in weight processing (`Processing`)."""
-
-    @property
-    def blocks(self) -> Blocks:
-        """``model.blocks[i]`` with ``.attn``, ``.mlp``, ``.ln1``, ``.ln2`` and hook points as attributes."""
-        return self._component_tree()[0]
-
-    @property
-    def embed(self) -> ComponentView:
-        return self._component_tree()[1]["embed"]
-
-    @property
-    def unembed(self) -> ComponentView:
-        return self._component_tree()[1]["unembed"]
-
-    @property
-    def ln_final(self) -> ComponentView:
-        return self._component_tree()[1]["ln_final"]
-
-    @property
-    def pos_embed(self) -> ComponentView:
-        model_level = self._component_tree()[1]
-        if "pos_embed" not in model_level:
-            raise weights.WeightNotAvailableError(
-                f"This {self.cfg.model_type} model has no learned position embedding (positions are rotary)."
-            )
-        return model_level["pos_embed"]
-
-    def accumulated_bias(
-        self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
-    ) -> Float[Tensor, "d_model"]:
-        """TransformerLens' ``model.accumulated_bias``: the output biases (``b_O``, ``b_out``) of the blocks
-        before ``layer`` (``mlp_input``: plus ``layer``'s ``b_O``), zeros where a family has none.
-
-        Example:
-            >>> model.accumulated_bias(2).shape    # [d_model]
-        """
-        return cache_tl.accumulated_bias(self, layer, mlp_input, include_mlp_biases)
-
-    @property
-    def mod_dict(self) -> dict[str, Any]:
-        """TransformerLens' name → module map: every hook point, and the HF modules under ``hf_model.``."""
-        return {**{f"hf_model.{n}": m for n, m in self.hf_model.named_modules() if n}, **self.hook_dict}
-
-    def _component_tree(self) -> tuple[Blocks, dict[str, ComponentView]]:
-        tree = self.__dict__.get("_components")
-        if tree is None:
-            tree = build_components(self)
-            self.__dict__["_components"] = tree
-        return tree
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)  # nn.Module: parameters, buffers, submodules
-        except AttributeError:
-            points = self.__dict__.get("hook_dict")
-            if points is not None and name in points:
-                return points[name]
-            raise

@@ -28,7 +28,6 @@ of experts, state-space and latent-attention families are refused.
 """
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -288,92 +287,3 @@ def _refactor_layer(core: BridgeCore, layer: int) -> None:
     u, s, v = FactoredMatrix(w_v, w_o).svd()
     w_v.copy_(u * s[:, None, :])
     w_o.copy_(v.transpose(-1, -2))
-
-
-class Processing:
-    """Mixin for the public class: `enable_compatibility_mode`, `process_weights`, and the processing keywords of
-    `from_pretrained`. Unprocessed (bitwise HF) unless asked."""
-
-    weight_processing: WeightProcessing | None = None
-
-    def __deepcopy__(self, memo: dict) -> Any:
-        new = super().__deepcopy__(memo)  # type: ignore[misc]
-        new.weight_processing = self.weight_processing
-        return new
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        name_or_path: str,
-        *args: Any,
-        fold_ln: bool = False,
-        center_writing_weights: bool = False,
-        center_unembed: bool = False,
-        fold_value_biases: bool = False,
-        refactor_factored_attn_matrices: bool = False,
-        **kwargs: Any,
-    ) -> Any:
-        """Load and wrap (see `BridgeCore.from_pretrained`); TransformerLens' processing keywords opt in to
-        processed weights (`process_weights`), all False by default: the model runs as HF ships it.
-
-        Example:
-            >>> model = TransformerBridge.from_pretrained("path/to/SmolLM2", fold_ln=True, center_unembed=True)
-        """
-        model = super().from_pretrained(name_or_path, *args, **kwargs)  # type: ignore[misc]
-        steps = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights, center_unembed=center_unembed,
-                     fold_value_biases=fold_value_biases,
-                     refactor_factored_attn_matrices=refactor_factored_attn_matrices)  # fmt: skip
-        if any(v is not False for v in steps.values()):
-            model.process_weights(**steps)
-        return model
-
-    @classmethod
-    def from_pretrained_no_processing(cls, name_or_path: str, *args: Any, **kwargs: Any) -> Any:
-        """TransformerLens' name for loading without processing: `from_pretrained` (the default here)."""
-        return cls.from_pretrained(name_or_path, *args, **kwargs)
-
-    def process_weights(
-        self,
-        fold_ln: bool = True,
-        center_writing_weights: bool = True,
-        center_unembed: bool = True,
-        fold_value_biases: bool = True,
-        refactor_factored_attn_matrices: bool = False,
-    ) -> WeightProcessing:
-        """Rewrite the HF model's weights in place into TransformerLens' processed form; returns and records
-        (``model.weight_processing``) what was applied and what was skipped (see `compat.processing`).
-
-        Example:
-            >>> model.process_weights(fold_ln=True, center_writing_weights=False)
-        """
-        report = process_weights(self, fold_ln, center_writing_weights, center_unembed, fold_value_biases,  # type: ignore[arg-type]
-                                 refactor_factored_attn_matrices)  # fmt: skip
-        previous = self.weight_processing
-        applied = tuple(dict.fromkeys([*(previous.applied if previous else ()), *report.applied]))
-        self.weight_processing = WeightProcessing(applied, {**(previous.skipped if previous else {}), **report.skipped})
-        return self.weight_processing
-
-    def enable_compatibility_mode(
-        self,
-        disable_warnings: bool = False,
-        no_processing: bool = False,
-        fold_ln: bool = True,
-        center_writing_weights: bool = True,
-        center_unembed: bool = True,
-        fold_value_biases: bool = True,
-        refactor_factored_attn_matrices: bool = False,
-    ) -> None:
-        """TransformerLens 4's switch to HookedTransformer's processed weights: `process_weights` with these
-        steps (``no_processing=True``: none). Hook names need no switch here (TransformerLens' names are the
-        canonical ones).
-
-        Example:
-            >>> model.enable_compatibility_mode()
-            >>> model.weight_processing.applied
-        """
-        if not isinstance(disable_warnings, bool):
-            raise TypeError(f"`disable_warnings` must be True or False, got {disable_warnings!r}.")
-        if no_processing:
-            return
-        self.process_weights(fold_ln, center_writing_weights, center_unembed, fold_value_biases,
-                             refactor_factored_attn_matrices)  # fmt: skip
