@@ -229,7 +229,10 @@ class ActivationCache(Mapping[str, Tensor]):
         ``pos_embed`` (absolute-position families), then ``{l}_attn_out`` and ``{l}_mlp_out`` for the
         layers before ``layer`` (``mode`` ``"attn"`` / ``"mlp"`` keeps one kind). ``layer`` is
         ``0..n_layers`` as in `accumulated_resid`; ``mlp_input`` adds ``layer``'s own attention output
-        (not in parallel attention/MLP blocks). The parts sum to that residual up to float rounding.
+        (not in parallel attention/MLP blocks). When hooks edited the residual stream during the forward that
+        filled the cache (steering, ablation), each edit is a part of its own, ``edit:blocks.L.hook_resid_post``
+        (``edit:unlocated`` when the cache lacks the points around it). The parts sum to that residual up to
+        float rounding.
 
         Example:
             >>> parts, labels = cache.decompose_resid(return_labels=True)
@@ -341,7 +344,8 @@ class ActivationCache(Mapping[str, Tensor]):
 
         Rows, in TransformerLens' order: ``L{l}H{h}`` heads, ``L{l}N{n}`` neurons (``{l}_mlp_out``
         without ``expand_neurons``), ``embed``, ``pos_embed`` (absolute-position families), ``bias``
-        (every ``b_O``, and ``b_out`` with ``expand_neurons``). They sum to ``resid_pre[layer]``
+        (every ``b_O``, and ``b_out`` with ``expand_neurons``), and an ``edit:…`` row for each edit hooks made to
+        the residual stream (see `decompose_resid`). They sum to ``resid_pre[layer]``
         (``resid_mid`` with ``mlp_input``; the final residual for ``layer`` None) up to rounding, on
         every family; for Gemma 2 through the sandwich norms at their cached scales.
         ``project_output_onto`` (``[d_model]`` or ``[d_model, k]``) contracts the ``d_model`` axis with it.

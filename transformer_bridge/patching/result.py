@@ -7,8 +7,6 @@ the corrupted and clean runs), a seeded percentile ``bootstrap_ci``, a sign-flip
 here needs pandas until a DataFrame is asked for (``index_df``, ``make_df_from_ranges``).
 """
 
-import hashlib
-import importlib
 import itertools
 import math
 from collections.abc import Sequence
@@ -19,7 +17,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .. import optional
 from ..checks import ArgumentValueError, check_int
+from ..utils.statistics import derive_generator
 
 ALTERNATIVES = ("two-sided", "greater", "less")
 STATISTICS = ("mean", "median")
@@ -36,21 +36,9 @@ def index_rows(ranges: Sequence[int]) -> Int[Tensor, "cell axis"]:
     return torch.tensor(rows, dtype=torch.long).reshape(len(rows), len(ranges))
 
 
-def _pandas() -> Any:
-    """pandas, loaded when a DataFrame is first asked for (importing it costs more than a second, and a sweep
-    never needs it), or an `ImportError` that says how to get it."""
-    try:
-        return importlib.import_module("pandas")
-    except ImportError as e:
-        raise ImportError(
-            "A DataFrame needs pandas: `pip install pandas` (or transformer-bridge[patching]). Without it, read the "
-            "cells from `PatchingResult.index` (a [cell, axis] tensor)."
-        ) from e
-
-
 def dataframe(index: Int[Tensor, "cell axis"], names: Sequence[str]) -> Any:
     """``index`` as a pandas DataFrame with ``names`` as columns (pandas is needed here, and only here)."""
-    return _pandas().DataFrame(index.tolist(), columns=list(names))
+    return optional.pandas("A DataFrame of patch indices").DataFrame(index.tolist(), columns=list(names))
 
 
 def make_df_from_ranges(column_max_ranges: Sequence[int], column_names: Sequence[str]) -> Any:
@@ -61,12 +49,6 @@ def make_df_from_ranges(column_max_ranges: Sequence[int], column_names: Sequence
         (6, 2)
     """
     return dataframe(index_rows(column_max_ranges), column_names)
-
-
-def derive_generator(seed: int, *labels: object) -> torch.Generator:
-    """A CPU generator seeded from ``seed`` and ``labels`` through SHA-256 (stable across processes)."""
-    key = ":".join([str(seed), *map(str, labels)]).encode()
-    return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
 
 
 def standard_error(x: Float[Tensor, "... n"]) -> Float[Tensor, "..."]:
@@ -255,4 +237,4 @@ class PatchingResult:
                         row["example"] = b
                     row["value"] = float(flat[m, c, b])
                     rows.append(row)
-        return _pandas().DataFrame(rows)
+        return optional.pandas("`PatchingResult.to_dataframe`").DataFrame(rows)

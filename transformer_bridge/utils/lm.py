@@ -8,12 +8,8 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from .. import optional
 from ..checks import ArgumentValueError, describe
-
-try:  # optional: only `logits_to_df` needs it
-    import pandas
-except ImportError:  # pragma: no cover - exercised where pandas is absent
-    pandas = None
 
 
 def lm_cross_entropy_loss(
@@ -124,8 +120,6 @@ def logits_to_df(logits: Float[Tensor, " d_vocab"], tokenizer: Any | None = None
         >>> logits_to_df(torch.tensor([0.0, 2.0, 1.0]), top_k=2)["token_index"].tolist()
         [1, 2]
     """
-    if pandas is None:
-        raise ImportError("`logits_to_df` needs pandas: `pip install pandas`.")
     log_probs = logits.float().log_softmax(dim=-1)
     order = log_probs.exp().argsort(descending=True)
     order = order if top_k is None else order[:top_k]
@@ -135,7 +129,7 @@ def logits_to_df(logits: Float[Tensor, " d_vocab"], tokenizer: Any | None = None
     data["logit"] = logits[order].detach().cpu().tolist()
     data["log_prob"] = log_probs[order].detach().cpu().tolist()
     data["probability"] = log_probs[order].exp().detach().cpu().tolist()
-    return pandas.DataFrame(data)
+    return optional.pandas("`logits_to_df`").DataFrame(data)
 
 
 def test_prompt(
