@@ -9,7 +9,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from . import cache_io, cache_tl
+from . import cache_full, cache_io, cache_tl
 from .cache_io import CacheFileError
 from .checks import ArgumentValueError
 from .names import HookNames, NotCachedError, tl4_spelling
@@ -124,7 +124,7 @@ class ActivationCache(Mapping[str, Tensor]):
         Example:
             >>> cache.apply_slice_to_batch_dim(0)["resid_post", 0].shape   # [pos, d_model]
         """
-        return cache_tl.apply_slice_to_batch_dim(self, batch_slice)
+        return cache_full.apply_slice_to_batch_dim(self, batch_slice)
 
     def remove_batch_dim(self) -> "ActivationCache":
         """Drop the batch dimension of a batch-1 cache, in place as TransformerLens does; returns the cache.
@@ -328,7 +328,7 @@ class ActivationCache(Mapping[str, Tensor]):
         Example:
             >>> cache.accumulated_bias(2).shape   # [d_model]
         """
-        return cache_tl.accumulated_bias(self._need_model(), layer, mlp_input, include_mlp_biases)
+        return cache_full.accumulated_bias(self._need_model(), layer, mlp_input, include_mlp_biases)
 
     def get_full_resid_decomposition(
         self,
@@ -354,7 +354,7 @@ class ActivationCache(Mapping[str, Tensor]):
             >>> parts, labels = cache.get_full_resid_decomposition(return_labels=True)
             >>> attrs = cache.logit_attrs(parts, tokens=model.to_single_token(" Paris"))
         """
-        return cache_tl.get_full_resid_decomposition(
+        return cache_full.get_full_resid_decomposition(
             self, layer, mlp_input, expand_neurons, apply_ln, pos_slice, return_labels, project_output_onto
         )
 

@@ -33,10 +33,8 @@ from .decompose import (
     head_outputs,
     logit_attributions,
     logit_direction,
-    o_weight,
     out_weight,
     stack_groups,
-    sublayer_bias,
     to_resid,
     z_to_result,
 )
@@ -153,11 +151,11 @@ def decompose_resid(
     layer = resolve_layer(layer, model.cfg.n_layers)
     mid = mlp_reads_attn(model, layer, mlp_input)
     kinds = ("attn", "mlp") if mode == "all" else (mode,)
-    acts = _acts(cache, pos_slice, "decompose_resid")
+    acts = acts_of(cache, pos_slice, "decompose_resid")
     groups = component_groups(model, acts, layer, mid, embeds=incl_embeds, kinds=kinds, edits=True)
     if not groups:
         raise ValueError(f"Nothing to decompose: layer={layer}, mode={mode!r} and incl_embeds=False select no part.")
-    return _out(cache, stack_groups(groups), _labels(groups), layer, mlp_input, apply_ln, pos_slice, return_labels)
+    return _out(cache, stack_groups(groups), labels_of(groups), layer, mlp_input, apply_ln, pos_slice, return_labels)
 
 
 def apply_ln_to_stack(
@@ -254,7 +252,7 @@ def _token_ids(model: Any, tokens: Any, param: str) -> Tensor | None:
 
 
 # -- weights ----------------------------------------------------------------------------------
-def _model(cache: Cache) -> Any:
+def model_of(cache: Cache) -> Any:
     model = cache._need_model()
     if not _is_bridge(model):
         raise TypeError(
@@ -268,12 +266,12 @@ def _is_bridge(model: Any) -> bool:
     return hasattr(model, "hf_model") and hasattr(model, "adapter")
 
 
-def _acts(cache: Cache, pos_slice: Any, why: str) -> Activations:
+def acts_of(cache: Cache, pos_slice: Any, why: str) -> Activations:
     """The cache's activations at ``pos_slice``, for `decompose`; a missing one raises saying ``why`` it is read."""
     return Activations(lambda name: cache._at_pos(cache._get(name, why), pos_slice), cache.cache_dict.__contains__)
 
 
-def _labels(groups: list[Group]) -> list[str]:
+def labels_of(groups: list[Group]) -> list[str]:
     """TransformerLens' labels of `decompose` groups: ``embed``, ``L0H3``, ``L0N5``, ``0_attn_out``, ``0_mlp_out``;
     and ``edit:blocks.10.hook_resid_post`` for what a hook added to the stream there (`edit_label`)."""
     labels: list[str] = []
@@ -292,7 +290,7 @@ def _to_resid(
     cache: Cache, model: Any, layer: int, which: Sublayer, x: Tensor, pos_slice: Any, per_part: bool
 ) -> Tensor:
     """What ``x``, a part of ``layer``'s attention or MLP output, adds to the residual stream (`decompose.to_resid`)."""
-    return to_resid(model, _acts(cache, pos_slice, f"The {which} decomposition"), layer, which, x, per_part)
+    return to_resid(model, acts_of(cache, pos_slice, f"The {which} decomposition"), layer, which, x, per_part)
 
 
 def _matched(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -338,7 +336,7 @@ def _fill_head_results(cache: Cache, model: Any) -> bool:
 
 def head_results(cache: Cache, layer: int, pos_slice: Any = None) -> Float[Tensor, "... pos head d_model"]:
     """Each head's contribution to the residual stream in ``layer`` (``hook_result``, or computed from ``hook_z``)."""
-    return head_outputs(_model(cache), _acts(cache, pos_slice, "Head results (hook_result is not cached)"), layer)
+    return head_outputs(model_of(cache), acts_of(cache, pos_slice, "Head results (hook_result is not cached)"), layer)
 
 
 def stack_head_results(
@@ -350,7 +348,7 @@ def stack_head_results(
     apply_ln: bool = False,
 ) -> Float[Tensor, "component ... pos d_model"] | tuple[Tensor, list[str]]:
     """Every head's contribution before ``layer``; see `ActivationCache.stack_head_results`."""
-    model = _model(cache)
+    model = model_of(cache)
     layer = resolve_layer(layer, model.cfg.n_layers)
     if all(f"blocks.{i}.attn.hook_z" in cache.cache_dict for i in range(model.cfg.n_layers)):
         _fill_head_results(cache, model)  # stored like TransformerLens does, so later calls reuse them
@@ -364,7 +362,7 @@ def get_neuron_results(
     cache: Cache, layer: int, neuron_slice: Any = None, pos_slice: Any = None, project_output_onto: Any = None
 ) -> Float[Tensor, "... pos neuron d_model"]:
     """Each neuron's contribution ``hook_post[n] * W_out[n]`` in block ``layer``; see the cache method."""
-    model = _model(cache)
+    model = model_of(cache)
     layer = resolve_layer(layer, model.cfg.n_layers, final=False)
     post = cache._at_pos(cache._get(f"blocks.{layer}.mlp.hook_post", "get_neuron_results"), pos_slice)
     post, weight = _matched(post, out_weight(model, layer))
@@ -389,7 +387,7 @@ def stack_neuron_results(
     project_output_onto: Any = None,
 ) -> Float[Tensor, "component ... pos d_model"] | tuple[Tensor, list[str]]:
     """Every neuron's contribution before ``layer``; see `ActivationCache.stack_neuron_results`."""
-    model = _model(cache)
+    model = model_of(cache)
     layer = resolve_layer(layer, model.cfg.n_layers)
     neurons = torch.arange(model.cfg.d_mlp)
     if neuron_slice is not None:
@@ -472,55 +470,6 @@ def _finish(
     return (stack, labels) if return_labels else stack
 
 
-# -- biases and the full decomposition --------------------------------------------------------
-def accumulated_bias(
-    model: Any, layer: int | None, mlp_input: bool = False, include_mlp_biases: bool = True
-) -> Float[Tensor, "d_model"]:
-    """Sum of ``b_O`` (and ``b_out``) of the blocks before ``layer``; see `ActivationCache.accumulated_bias`."""
-    layer = resolve_layer(layer, model.cfg.n_layers)
-    mid = mlp_reads_attn(model, layer, mlp_input)
-    total = o_weight(model, 0).new_zeros(model.cfg.d_model)
-    for i in range(layer + mid):
-        biases = [sublayer_bias(model, i, "attn")]
-        if include_mlp_biases and i < layer:
-            biases.append(sublayer_bias(model, i, "mlp"))
-        for bias in biases:
-            if bias is not None:
-                total = total + bias.detach()
-    return total
-
-
-def get_full_resid_decomposition(
-    cache: Cache,
-    layer: int | None = None,
-    mlp_input: bool = False,
-    expand_neurons: bool = True,
-    apply_ln: bool = False,
-    pos_slice: Any = None,
-    return_labels: bool = False,
-    project_output_onto: Any = None,
-) -> Float[Tensor, "component ... pos d_model"] | tuple[Tensor, list[str]]:
-    """Heads, neurons (or MLPs), embeddings and biases; see `ActivationCache.get_full_resid_decomposition`."""
-    model = _model(cache)
-    layer = resolve_layer(layer, model.cfg.n_layers)
-    mid = mlp_reads_attn(model, layer, mlp_input)
-    acts = _acts(cache, pos_slice, "get_full_resid_decomposition")
-    groups = component_groups(model, acts, layer, mid, heads=True, neurons=expand_neurons, edits=True)
-    # TransformerLens' order: heads, then neurons (or MLP outputs), then embeddings, then all biases as one row;
-    # edits by hooks (steering), when the cached forward had any, after the embeddings.
-    order = [("head",), ("neuron", "mlp_out"), ("embed", "pos_embed"), ("edit",)]
-    picked = [g for kinds in order for g in groups if g.kind in kinds]
-    bias = picked[-1].parts.new_zeros(picked[-1].parts.shape)
-    for g in groups:
-        if g.kind in ("attn_bias", "mlp_bias"):
-            bias = bias + g.parts.to(bias.dtype)
-    stack = stack_groups([*picked, Group(bias, "attn_bias")])
-    labels = [*_labels(picked), "bias"]
-    if apply_ln:
-        stack = cache.apply_ln_to_stack(stack, layer, mlp_input=mlp_input, pos_slice=pos_slice)
-    return project((stack, labels) if return_labels else stack, project_output_onto)
-
-
 def project(result: Any, direction: Any) -> Any:
     """``result`` (a stack, or ``(stack, labels)``) with its ``d_model`` axis contracted with ``direction``:
     ``[d_model]`` drops the axis, ``[d_model, k]`` replaces it by ``k``. None leaves it as it is."""
@@ -535,34 +484,6 @@ def project(result: Any, direction: Any) -> Any:
         )
     out = stack @ direction.to(stack.device, stack.dtype)
     return out if labels is None else (out, labels)
-
-
-def apply_slice_to_batch_dim(cache: Cache, batch_slice: Any) -> Cache:
-    """The cache with ``batch_slice`` applied to every tensor's batch axis (an int drops the axis: the result has
-    no batch dimension); see `ActivationCache.apply_slice_to_batch_dim`."""
-    if not cache.has_batch_dim:
-        if batch_slice is None:
-            return cache
-        raise ValueError("`batch_slice` needs a cache with a batch axis; this one has none (remove_batch_dim).")
-    mask = cache.attention_mask
-    rows = cache._select(torch.arange(mask.shape[0] if mask is not None else _batch(cache)), batch_slice, 0,
-                         "batch_slice")  # fmt: skip
-    taken: dict[int, Tensor] = {}  # aliases of one tensor stay one tensor
-    for t in cache.cache_dict.values():
-        if id(t) not in taken:
-            taken[id(t)] = cache._select(t, batch_slice, 0, "batch_slice")
-    out = {k: taken[id(t)] for k, t in cache.cache_dict.items()}
-    lengths = cache.prompt_lengths
-    return cache._derive(
-        out,
-        attention_mask=None if mask is None else cache._select(mask, batch_slice, 0, "batch_slice"),
-        prompt_lengths=None if lengths is None else cache._select(lengths, batch_slice, 0, "batch_slice"),
-        has_batch_dim=rows.dim() > 0,
-    )
-
-
-def _batch(cache: Cache) -> int:
-    return next(iter(cache.cache_dict.values())).shape[0]
 
 
 def _own_norm(model: Any, stack: Tensor) -> Tensor:

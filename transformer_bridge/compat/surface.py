@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from .. import cache_tl
+from .. import cache_full
 from ..checks import ArgumentValueError, check_bool, check_device
 from ..core import BridgeCore
 from ..inputs import PaddingSide
@@ -315,7 +315,7 @@ class TransformerLensSurface:
         Example:
             >>> model.accumulated_bias(2).shape    # [d_model]
         """
-        return cache_tl.accumulated_bias(self, layer, mlp_input, include_mlp_biases)
+        return cache_full.accumulated_bias(self, layer, mlp_input, include_mlp_biases)
 
     @property
     def mod_dict(self) -> dict[str, Any]:
