@@ -91,7 +91,7 @@ def test_config_sizes(family):
     assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_mlp, cfg.d_vocab) == (2, 32, 4, 37, V)
     assert cfg.d_head == 8
     no_gqa, multi_query = (
-        ("gpt2", "opt", "gpt_neox", "gptj", "gpt_neo", "deepseek_v3", "persimmon"),
+        ("gpt2", "opt", "gpt_neox", "gptj", "gpt_neo", "deepseek_v3", "youtu", "persimmon"),
         ("falcon", "gpt_bigcode"),
     )
     assert cfg.n_kv_heads == (4 if family in no_gqa else 1 if family in multi_query else 2)

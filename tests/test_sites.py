@@ -154,8 +154,10 @@ def test_resid_mid_value(model):
         mid, cache["resid_pre", LAYER] + (cache["attn_out", LAYER] * r if r != 1 else cache["attn_out", LAYER])
     )
     ln2_in = {}
-    # What reads resid_mid: the norm before the MLP, or the MLP itself where there is none (OLMo 2).
+    # What reads resid_mid: the norm before the MLP, or the MLP itself where there is none (OLMo 2; FlexOLMo's router).
     reader = model.adapter.ln2 if f"blocks.{LAYER}.ln2.hook_scale" in model.hook_dict else model.adapter.mlp_in
+    if reader == model.adapter.mlp_in and f"blocks.{LAYER}.mlp.hook_router_logits" in model.hook_dict:
+        reader = model.adapter.moe.router
     norm = get_module(model.hf_model, _block(model, reader))
     h = norm.register_forward_hook(lambda m, args, out: ln2_in.update(x=args[0]))  # returns None: reads only
     try:

@@ -36,4 +36,4 @@ GLM4_MOE = replace(
     moe=DEEPSEEK_V3.moe,
 )
 # Youtu-LLM: DeepSeek-V3's latent attention with a dense MLP in every block.
-YOUTU = replace(DEEPSEEK_V3, model_types=("youtu",))
+YOUTU = replace(DEEPSEEK_V3, model_types=("youtu",), moe=None)
