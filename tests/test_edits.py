@@ -12,6 +12,9 @@ MASK = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
 
 
 def _edit_inplace(x: torch.Tensor) -> None:
+    if not x.is_floating_point():  # hook_tokens: token ids, edited to other ids
+        x[..., -1] = (x[..., -1] + 1) % V
+        return
     x[..., 0] *= 0.5
     x[..., -1] += 0.25
 

@@ -203,8 +203,11 @@ class Running:
         new = slice(n_past, None)
         ctx = HookContext(full.phase, 0, full.positions[:, new], full.pad_mask[:, new], full.is_generated[:, new])
         padded = not bool(mask.all())
+        # A cached step gets its positions as generate gives them: HF's own default is wrong for some families
+        # (Bamba's cached step would be off); an unpadded prefill keeps HF's own path.
+        explicit = padded or n_past > 0
         out = self.run_model(tokens, mask if padded else None, ctx, past_key_values=past,
-                             position_ids=ctx.positions if padded else None)  # fmt: skip
+                             position_ids=ctx.positions if explicit else None)  # fmt: skip
         return (out.logits, past) if return_type == "logits_and_cache" else out.logits
 
     def input_to_embed(

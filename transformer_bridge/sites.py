@@ -86,6 +86,14 @@ def identity(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
     return run("", x)
 
 
+def token_ids(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
+    """``hook_tokens``: the hooks see a copy of the ids (an in-place edit must not change the caller's tensor);
+    an edit of the copy is what the embedding reads."""
+    shown = x.clone()
+    out = run("", shown)
+    return x if out is shown else out
+
+
 def batch_broadcast(registry: HookRegistry) -> Callable:
     """Position embeddings computed once for the batch ([1, pos, d]) are shown as [batch, pos, d]."""
 
@@ -289,7 +297,7 @@ def build_sites(
     def site(module: nn.Module, kind: str, process: Callable) -> Site:
         return Site(module, kind, process, registry)  # type: ignore[arg-type]
 
-    add("hook_tokens", site(get_module(model, adapter.embed), "pre", identity))  # the ids the embedding reads
+    add("hook_tokens", site(get_module(model, adapter.embed), "pre", token_ids))  # the ids the embedding reads
     add("hook_embed", site(get_module(model, adapter.embed), "post", identity))
     if adapter.pos_embed:
         add("hook_pos_embed", site(get_module(model, adapter.pos_embed), "post", batch_broadcast(registry)))
