@@ -18,4 +18,6 @@ DEEPSEEK_V3 = replace(
     v=None,
     mla=True,
     moe=MoE(router="mlp.gate", experts="mlp.experts", routing="sigmoid_group_topk", shared="mlp.shared_experts"),
+    # HF's router holds `num_experts` (which the bridge reads) from transformers 5.13 on.
+    transformers=">=5.13",
 )
