@@ -4,6 +4,7 @@ import pytest
 import torch
 from conftest import FAMILIES, V, make_bridge
 
+from transformer_bridge.adapters.base import one_plus
 from transformer_bridge.sites import get_module
 
 TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(3))
@@ -207,7 +208,7 @@ def test_norm_scale_and_normalized(model):
         assert normalized.shape[:2] == TOKENS.shape and normalized.dim() == (4 if per_head else 3)
         stored = getattr(norm, "weight", None)  # OLMo's LayerNorm has none
         weight = model.ln_final_weight if prefix == "ln_final" else (
-            1 if stored is None else 1 + stored if model.adapter.norm == "rms_one_plus" else stored)  # fmt: skip
+            1 if stored is None else 1 + stored if one_plus(model.adapter.norm) else stored)  # fmt: skip
         out: dict = {}
         h = norm.register_forward_hook(lambda m, a, o, out=out: out.setdefault("y", o))
         with torch.no_grad():

@@ -8,6 +8,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .adapters import Adapter
+from .adapters.base import centred
 from .mixers import holds
 from .moe import is_moe_block
 from .sites import get_module
@@ -229,7 +230,8 @@ def bridge_config(model: PreTrainedModel, adapter: Adapter, tokenizer: Any = Non
         gated_mlp=adapter.gated,
         num_experts=(getattr(c, "num_local_experts", None) or getattr(c, "num_experts", None)) if adapter.moe else None,
         experts_per_token=getattr(c, "num_experts_per_tok", None) if adapter.moe else None,
-        normalization=adapter.norm,
+        # TransformerLens' meaning: "layernorm" (centred) or an RMS kind; Nemotron's LayerNorm1P is a LayerNorm.
+        normalization="layernorm" if centred(adapter.norm) else adapter.norm,
         act_fn=getattr(c, "hidden_act", None) or getattr(c, "activation_function", None),
         positional_embedding_type="standard" if adapter.pos_embed else ("rotary" if adapter.rotary else "none"),
         default_prepend_bos=getattr(tokenizer, "bos_token_id", None) is not None,

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from . import attention, versions
 from .adapters import Adapter, UnsupportedArchitectureError, adapter_for
+from .adapters.base import one_plus
 from .caching import CacheWriter
 from .checks import ArgumentIndexError, check_device, describe
 from .config import BridgeConfig, bridge_config
@@ -195,7 +196,7 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         w = full_param(get_module(self.hf_model, self.adapter.ln_final), "weight")
         if w is None:  # OLMo's LayerNorm has no weight
             return torch.ones(self.cfg.d_model, dtype=self.cfg.dtype, device=self.cfg.device)
-        return 1.0 + w.float() if self.adapter.norm == "rms_one_plus" else w
+        return 1.0 + w.float() if one_plus(self.adapter.norm) else w
 
     def unembed_directions(self, tokens: Int[Tensor, "..."] | int) -> Float[Tensor, "... d_model"]:
         """``γ ⊙ W_U[:, token]`` for each token: the direction a normalized residual is read along."""

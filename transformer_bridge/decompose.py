@@ -28,6 +28,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from .adapters.base import centred, one_plus
 from .distributed import full_param
 from .sites import get_module
 
@@ -119,7 +120,7 @@ def norm_weight(model: Any, norm: nn.Module) -> Float[Tensor, "d_model"] | None:
     if weight is None:
         return None
     weight = weight.detach().float()
-    return 1.0 + weight if model.adapter.norm == "rms_one_plus" else weight
+    return 1.0 + weight if one_plus(model.adapter.norm) else weight
 
 
 def _post_norm(model: Any, layer: int, which: Sublayer) -> nn.Module:
@@ -145,7 +146,7 @@ def to_resid(
         return x if multiplier == 1.0 else x * multiplier
     scale = acts.get(post_norm_scale_name(layer, which))
     scale = scale[..., None, :] if per_part else scale
-    if model.adapter.norm == "layernorm":
+    if centred(model.adapter.norm):
         x = x - x.mean(-1, keepdim=True)
     x = x / scale.to(x.device, x.dtype)
     gamma = norm_weight(model, _post_norm(model, layer, which))

@@ -17,6 +17,7 @@ from torch.utils.hooks import RemovableHandle
 
 from . import attention, mixers, mla, moe
 from .adapters import Adapter
+from .adapters.base import centred as is_centred
 from .distributed import local_param, o_proj_weight, onloaded, sum_over_ranks
 from .hook_points import HookPoint, HookRegistry
 from .site_checks import StaleCompiledHooksError, arm_sites, check_sites, disarm_sites
@@ -154,7 +155,7 @@ def norm(kind: str, module: nn.Module) -> Callable:
 
     def process(run: Run, out: Tensor, x: Tensor | None) -> Tensor:
         h = x.float()
-        centred = h - h.mean(-1, keepdim=True) if kind == "layernorm" else h
+        centred = h - h.mean(-1, keepdim=True) if is_centred(kind) else h
         scale = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt().to(x.dtype)
         new_scale = run("scale", scale)
         normalized = (centred / new_scale.float()).to(x.dtype)
@@ -166,6 +167,9 @@ def norm(kind: str, module: nn.Module) -> Callable:
             bias = local_param(module, "bias")
         if kind == "rms_one_plus":
             return (new_normalized.float() * (1.0 + weight.float())).to(out.dtype)
+        if kind == "layernorm_one_plus":  # Nemotron's LayerNorm1P
+            y = new_normalized * (weight + 1.0)
+            return (y + bias if bias is not None else y).to(out.dtype)
         y = new_normalized * weight if weight is not None else new_normalized
         return (y + bias if bias is not None else y).to(out.dtype)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import FAMILIES, make_bridge, perturb_
 
+from transformer_bridge.adapters.base import centred, one_plus
 from transformer_bridge.compat import weights
 from transformer_bridge.compat.weights import ATTN_WEIGHTS, MLP_WEIGHTS, WeightNotAvailableError
 from transformer_bridge.decompose import logit_multiplier
@@ -65,7 +66,7 @@ def block_input(model, cache, block, layer: int, norm: str) -> torch.Tensor:
 
 def gamma_of(model, module):
     w = getattr(module, "weight", None)  # OLMo's LayerNorm has none
-    return 1.0 if w is None else 1.0 + w if model.adapter.norm == "rms_one_plus" else w
+    return 1.0 if w is None else 1.0 + w if one_plus(model.adapter.norm) else w
 
 
 def beta_of(module):
@@ -76,7 +77,7 @@ def beta_of(module):
 def sandwich(model, module, x: torch.Tensor) -> torch.Tensor:
     """A post-sublayer norm (Gemma 2/3, GLM-4), computed by hand."""
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
-    if model.adapter.norm == "layernorm":
+    if centred(model.adapter.norm):
         x = x - x.mean(-1, keepdim=True)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gamma_of(model, module) + beta_of(module)
 

@@ -6,7 +6,17 @@ Paths are dotted attribute paths; block-level paths are relative to one decoder 
 from dataclasses import dataclass
 from typing import Literal
 
-NormKind = Literal["layernorm", "rms", "rms_one_plus"]
+NormKind = Literal["layernorm", "rms", "rms_one_plus", "layernorm_one_plus"]
+
+
+def centred(kind: str) -> bool:
+    """Whether a norm of this kind subtracts the mean (a LayerNorm) before scaling."""
+    return kind in ("layernorm", "layernorm_one_plus")
+
+
+def one_plus(kind: str) -> bool:
+    """Whether a norm of this kind stores its weight as ``w - 1`` (Gemma's RMS norms, Nemotron's LayerNorm1P)."""
+    return kind in ("rms_one_plus", "layernorm_one_plus")
 QKVLayout = Literal["separate", "concat", "per_head"]
 QKNormLayout = Literal["pos_head", "head_pos", "flat"]
 MixerKind = Literal["mamba", "mamba2", "short_conv"]
@@ -88,7 +98,8 @@ class Adapter:
         mlp_up: up projection of gated MLPs (``hook_pre_linear``); ``fused_gate_up`` when
             ``mlp_in`` holds ``[gate | up]`` (Phi-3).
         mlp_down: last MLP projection; its input is ``hook_post``.
-        norm: ``layernorm`` (mean-centred), ``rms``, or ``rms_one_plus`` (weight stored as w - 1).
+        norm: ``layernorm`` (mean-centred), ``rms``, ``rms_one_plus`` (weight stored as w - 1, Gemma) or
+            ``layernorm_one_plus`` (a LayerNorm whose weight is stored as w - 1, Nemotron).
         parallel_attn_mlp: attention and MLP read the same residual: True, or the config attribute that
             says so (GPT-NeoX's ``use_parallel_residual``).
         attn_registry: attention runs through HF's attention registry, so the bridge offers ``hook_rot_q``,

@@ -1,8 +1,9 @@
 """Rotary families with mean-centred LayerNorms in the Llama module layout.
 
 StableLM (partial rotary, gated MLP; ``use_parallel_residual`` makes the block parallel), Starcoder2
-(biases everywhere, a plain ``c_fc → act → c_proj`` MLP, sliding windows) and OLMo (LayerNorms
-without weight or bias).
+(biases everywhere, a plain ``c_fc → act → c_proj`` MLP, sliding windows), OLMo (LayerNorms
+without weight or bias) and Nemotron (``LayerNorm1P``: the weight stored as ``w - 1``; a plain
+``up → relu² → down`` MLP; partial rotary).
 """
 
 from dataclasses import replace
@@ -14,3 +15,4 @@ STARCODER2 = replace(
     LLAMA, model_types=("starcoder2",), norm="layernorm", mlp_in="mlp.c_fc", mlp_up=None, mlp_down="mlp.c_proj"
 )
 OLMO = replace(LLAMA, model_types=("olmo",), norm="layernorm")
+NEMOTRON = replace(LLAMA, model_types=("nemotron",), norm="layernorm_one_plus", mlp_in="mlp.up_proj", mlp_up=None)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from ..adapters.base import centred, one_plus
 from ..core import BridgeCore
 from ..sites import get_module, optional_module
 from . import weights
@@ -85,7 +86,7 @@ def process_weights(
     with torch.no_grad():
         if todo:
             _untie_unembedding(core)
-        layernorm = core.adapter.norm == "layernorm"
+        layernorm = centred(core.adapter.norm)
         if "fold_ln" in todo:
             _fold_norms(core, center_readers=layernorm)
         if "center_writing_weights" in todo:
@@ -124,7 +125,7 @@ def _check_family(core: BridgeCore) -> None:
 def _undefined(core: BridgeCore) -> dict[str, str]:
     """The steps not defined for this family, with the reason (TransformerLens' rules)."""
     out = {}
-    if core.adapter.norm != "layernorm":
+    if not centred(core.adapter.norm):
         out["center_writing_weights"] = "an RMS norm does not remove the mean, so centring would change the output"
     elif core.adapter.sandwich or core.adapter.ln1 is None:
         out["center_writing_weights"] = "a norm after a sublayer (before the residual add) is not mean-invariant"
@@ -158,7 +159,7 @@ def _untie_unembedding(core: BridgeCore) -> None:
 def _fold_into(core: BridgeCore, norm: nn.Module, readers: list[nn.Module], center_readers: bool) -> None:
     """Fold ``norm``'s γ (and β) into each reader's input dimension, then make the norm the identity affine."""
     w = getattr(norm, "weight", None)
-    gamma = None if w is None else (1.0 + w.float() if core.adapter.norm == "rms_one_plus" else w.float())
+    gamma = None if w is None else (1.0 + w.float() if one_plus(core.adapter.norm) else w.float())
     beta = getattr(norm, "bias", None)
     for module in readers:
         weight = _weight_io(core, module)  # [d_model, out]
@@ -170,7 +171,7 @@ def _fold_into(core: BridgeCore, norm: nn.Module, readers: list[nn.Module], cent
             folded = folded - folded.mean(0, keepdim=True)
         weight.copy_(folded.to(weight.dtype))
     if w is not None:
-        w.fill_(0.0 if core.adapter.norm == "rms_one_plus" else 1.0)
+        w.fill_(0.0 if one_plus(core.adapter.norm) else 1.0)
     if beta is not None:
         beta.zero_()
 

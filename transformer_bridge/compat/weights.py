@@ -29,6 +29,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from ..adapters.base import one_plus
 from ..checks import ArgumentIndexError, ArgumentTypeError
 from ..core import BridgeCore
 from ..decompose import logit_multiplier
@@ -163,7 +164,7 @@ def _norm_weight_bias(core: BridgeCore, module: nn.Module) -> tuple[Tensor, Tens
     w = full_param(module, "weight")
     if w is None:  # OLMo's LayerNorm has no weight
         return torch.ones(core.cfg.d_model, dtype=core.cfg.dtype, device=core.cfg.device), None
-    return (1.0 + w.float() if core.adapter.norm == "rms_one_plus" else w), _bias(module)
+    return (1.0 + w.float() if one_plus(core.adapter.norm) else w), _bias(module)
 
 
 def _check_d_model(core: BridgeCore, t: Tensor, what: str) -> None:
