@@ -28,6 +28,7 @@ class CacheModel(Protocol):
 
 __all__ = ["ActivationCache", "CacheFileError", "PosSlice", "check_pos_slice", "get_act_name"]
 
+
 class ActivationCache(Mapping[str, Tensor]):
     """Cached activations by canonical hook name, with TransformerLens shorthand and helpers.
 

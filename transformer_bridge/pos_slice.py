@@ -70,5 +70,3 @@ def check_pos_slice(pos_slice: Any, n_pos: int, param: str = "pos_slice") -> int
     raise TypeError(
         f"`{param}` must be an int, a slice, a list of ints or None, got {type(pos_slice).__name__} {pos_slice!r}."
     )
-
-

@@ -17,6 +17,8 @@ def centred(kind: str) -> bool:
 def one_plus(kind: str) -> bool:
     """Whether a norm of this kind stores its weight as ``w - 1`` (Gemma's RMS norms, Nemotron's LayerNorm1P)."""
     return kind in ("rms_one_plus", "layernorm_one_plus")
+
+
 QKVLayout = Literal["separate", "concat", "per_head"]
 QKNormLayout = Literal["pos_head", "head_pos", "flat"]
 MixerKind = Literal["mamba", "mamba2", "short_conv"]

@@ -356,4 +356,3 @@ def markdown_table() -> str:
 
 __all__ = ["ALL", "BY_NAME", "CONFIG_FIELDS", "OPTIONS", "PATHS", "PROCESSORS", "Context", "Option",
            "markdown_table", "not_streamed", "render_args"]  # fmt: skip
-
