@@ -104,6 +104,8 @@ CONFIGS = {
     "jais2": lambda: _auto("jais2"),
     # LayerNorm1P (weight stored as w - 1), relu² MLP without a gate, partial rotary (half of each head).
     "nemotron": lambda: _auto("nemotron", head_dim=8),
+    # One norm module for the embedding and the final norm; q/k norms after RoPE; a final logit soft-cap.
+    "nanochat": lambda: _auto("nanochat", head_dim=8, final_logit_softcapping=15.0),
     # DeepSeek-V3's latent attention (query / key heads 10 wide, value heads 8), dense MLPs.
     "youtu": lambda: _auto("youtu", q_lora_rank=16, kv_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=6,
                            v_head_dim=8, num_key_value_heads=H,

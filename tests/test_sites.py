@@ -11,14 +11,21 @@ TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(3))
 LAYER, HEAD = 1, 2
 
 
-def _manual(model, path, fn, pre=False):
-    """Logits with a plain torch hook on an HF module (the oracle)."""
+def _manual(model, path, fn, pre=False, call=None):
+    """Logits with a plain torch hook on an HF module (the oracle); ``call``: edit only that call of the module
+    in the forward (NanoChat's norm serves the embedding, call 0, and the final norm, call 1)."""
     module = get_module(model.hf_model, path)
+    calls = [-1]
+
+    def edit(x):
+        calls[0] += 1
+        return fn(x) if call is None or calls[0] == call else x
+
     if pre:
-        handle = module.register_forward_pre_hook(lambda m, args: (fn(args[0]), *args[1:]))
+        handle = module.register_forward_pre_hook(lambda m, args: (edit(args[0]), *args[1:]))
     else:
         handle = module.register_forward_hook(
-            lambda m, args, out: (fn(out[0]), *out[1:]) if isinstance(out, tuple) else fn(out)
+            lambda m, args, out: (edit(out[0]), *out[1:]) if isinstance(out, tuple) else edit(out)
         )
     try:
         with torch.no_grad():
@@ -175,6 +182,8 @@ def _norms(model):
     found = {f"blocks.{LAYER}.{n}": _block(model, getattr(a, n)) for n in ("ln1", "ln2")
              if f"blocks.{LAYER}.{n}.hook_scale" in model.hook_dict}  # fmt: skip
     found["ln_final"] = a.ln_final
+    if a.embed_norm:  # NanoChat: the final norm module also normalises the embedding (its first call)
+        found["ln_embed"] = a.ln_final
     if a.sandwich:
         found[f"blocks.{LAYER}.ln1_post"] = _block(model, a.attn_out)
         found[f"blocks.{LAYER}.ln2_post"] = _block(model, a.mlp_out)
@@ -197,7 +206,8 @@ def test_norm_scale_and_normalized(model):
         bias = getattr(norm, "bias", None)
         bias = torch.zeros(()) if bias is None else bias.detach()
         # Doubling the scale halves the weighted part of the output; the bias stays.
-        expected = _manual(model, path, lambda out, bias=bias: (out - bias) / 2 + bias)
+        call = {"ln_embed": 0, "ln_final": 1}.get(prefix) if model.adapter.embed_norm else None
+        expected = _manual(model, path, lambda out, bias=bias: (out - bias) / 2 + bias, call=call)
         _close(_hooked(model, f"{prefix}.hook_scale", lambda s, hook: s * 2), expected)
         _close(_hooked(model, f"{prefix}.hook_normalized", lambda n, hook: n / 2), expected)
         # The cached values reproduce the module's output.
@@ -210,11 +220,12 @@ def test_norm_scale_and_normalized(model):
         weight = model.ln_final_weight if prefix == "ln_final" else (
             1 if stored is None else 1 + stored if one_plus(model.adapter.norm) else stored)  # fmt: skip
         out: dict = {}
-        h = norm.register_forward_hook(lambda m, a, o, out=out: out.setdefault("y", o))
+        h = norm.register_forward_hook(lambda m, a, o, out=out: out.setdefault("y", []).append(o))
         with torch.no_grad():
             model.hf_model(TOKENS)
         h.remove()
-        y = out["y"].transpose(1, 2) if per_head and model.adapter.qk_norm_layout == "head_pos" else out["y"]
+        y = out["y"][call or 0]
+        y = y.transpose(1, 2) if per_head and model.adapter.qk_norm_layout == "head_pos" else y
         _close(normalized * weight + bias, y.reshape(normalized.shape))
 
 

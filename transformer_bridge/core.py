@@ -395,7 +395,7 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
             if stop_at_layer is not None:
                 stop = check_layer(stop_at_layer, n, "stop_at_layer")
                 where = blocks[stop] if stop < n else get_module(self.hf_model, self.adapter.ln_final)
-                stack.enter_context(stop_before(where))
+                stack.enter_context(stop_before(where, skip=int(stop == n and self.adapter.embed_norm)))
             if start_at_layer is not None:
                 start = check_layer(start_at_layer, n, "start_at_layer")
                 if start == n:

@@ -36,11 +36,15 @@ def _hidden(args: tuple, kwargs: dict) -> Tensor:
 
 
 @contextmanager
-def stop_before(module: nn.Module) -> Iterator[None]:
-    """Stop any forward at ``module``'s input, before the hooks already on it run."""
+def stop_before(module: nn.Module, skip: int = 0) -> Iterator[None]:
+    """Stop any forward at ``module``'s input, before the hooks already on it run; ``skip``: let that many calls
+    of it pass first (NanoChat's final norm is also its embedding norm)."""
+    calls = [0]
 
     def stop(mod: nn.Module, args: tuple, kwargs: dict) -> None:
-        raise StopForward(_hidden(args, kwargs))
+        calls[0] += 1
+        if calls[0] > skip:
+            raise StopForward(_hidden(args, kwargs))
 
     handle = module.register_forward_pre_hook(stop, with_kwargs=True, prepend=True)
     try:

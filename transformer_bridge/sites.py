@@ -83,6 +83,40 @@ class Site(TorchHook):
         return (new, *output[1:]) if isinstance(output, tuple) else new
 
 
+class _Handles:
+    """Several torch hook handles removed as one."""
+
+    def __init__(self, *handles: RemovableHandle) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+@dataclass(eq=False)
+class TwoCallNormSite(Site):
+    """A norm module the model calls twice per forward (NanoChat's ``model.norm``: on the embedding, then
+    before the unembedding). The first call after ``root`` (the module making both calls) starts serves the
+    keys prefixed ``embed_``, every later one the plain keys, so a direct call of the norm outside a forward
+    (a logit lens) counts as the final norm."""
+
+    root: nn.Module | None = None
+    calls: int = 0
+
+    def _register(self) -> RemovableHandle:
+        own = super()._register()
+        return _Handles(own, self.root.register_forward_pre_hook(self._reset))  # type: ignore[return-value]
+
+    def _reset(self, module: nn.Module, args: tuple) -> None:
+        self.calls = 0
+
+    def _call(self, x: Tensor, inp: Tensor | None) -> Tensor:
+        prefix = "embed_" if self.calls == 0 else ""
+        self.calls += 1
+        return self.process(lambda key, t: self._run(prefix + key, t), x, inp)
+
+
 def identity(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
     return run("", x)
 
@@ -305,6 +339,13 @@ def build_sites(
     add("hook_embed", site(get_module(model, adapter.embed), "post", identity))
     if adapter.pos_embed:
         add("hook_pos_embed", site(get_module(model, adapter.pos_embed), "post", batch_broadcast(registry)))
+    ln_final = get_module(model, adapter.ln_final)
+    final = site(ln_final, "post", norm(adapter.norm, ln_final))
+    if adapter.embed_norm:  # one norm module for the embedding and the final norm (NanoChat)
+        root = get_module(model, adapter.blocks.rpartition(".")[0])
+        final = TwoCallNormSite(ln_final, "post", final.process, registry, root=root)
+        add("ln_embed.hook_scale", final, "embed_scale")
+        add("ln_embed.hook_normalized", final, "embed_normalized")
 
     blocks = get_module(model, adapter.blocks)
     for layer, block in enumerate(blocks):
@@ -435,8 +476,6 @@ def build_sites(
                 add(p + "hook_mlp_out", site(mlp_out, "post", copied if adapter.mlp_out_mutated else identity))
         add(p + "hook_resid_post", site(block, "post", identity))
 
-    ln_final = get_module(model, adapter.ln_final)
-    final = site(ln_final, "post", norm(adapter.norm, ln_final))
     add("ln_final.hook_scale", final, "scale")
     add("ln_final.hook_normalized", final, "normalized")
     unembed = model.get_output_embeddings()  # TransformerLens' unembed.hook_in / hook_out: lm_head's input, output

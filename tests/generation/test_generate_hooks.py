@@ -86,7 +86,9 @@ def test_kv_edits_at_prefill_persist_in_the_cache(model, point):
         cached = model.generate(tokens, **kw)  # the edit runs once, at prefill; decode steps read the cache
         full = model.generate(tokens, use_cache=False, **kw)  # the edit runs again at every step
     torch.testing.assert_close(cached.logits, full.logits, atol=1e-4, rtol=0)
-    assert not torch.allclose(cached.logits[:, 1:], plain.logits[:, 1:], atol=1e-3)  # decode steps saw it
+    # Decode steps saw it (without the edit the runs are bitwise equal; NanoChat's k-norm after the edit leaves
+    # a change of ~6e-4 in its logits).
+    assert not torch.allclose(cached.logits[:, 1:], plain.logits[:, 1:], atol=1e-5)
 
 
 def test_an_error_in_a_hook_mid_generation_leaves_the_model_clean():

@@ -87,7 +87,7 @@ def needed_layers(names: list[str]) -> int | None:
         match = re.match(r"blocks\.(\d+)\.", name)
         if match:
             stop = max(stop, int(match.group(1)) + 1)
-        elif not name.startswith(("hook_embed", "hook_pos_embed")):
+        elif not name.startswith(("hook_tokens", "hook_embed", "hook_pos_embed", "ln_embed.")):
             return None
     return stop
 

@@ -19,7 +19,7 @@ from .opt import OPT
 from .parallel import COHERE, FALCON, GPTJ, GPTJ_BEFORE_5_24, PHI
 from .phi3 import PHI3
 from .post_norm import EXAONE4, OLMO2
-from .variants import COHERE2, FLEX_OLMO, GLM4_MOE, JAIS2, LLAMA_NAMED, SARVAM_MLA, YOUTU
+from .variants import COHERE2, FLEX_OLMO, GLM4_MOE, JAIS2, LLAMA_NAMED, NANOCHAT, SARVAM_MLA, YOUTU
 
 ADAPTERS: tuple[Adapter, ...] = (
     GPT2, LLAMA, QWEN3, GEMMA2, GPT_NEOX, PHI3, OPT,
@@ -29,6 +29,7 @@ ADAPTERS: tuple[Adapter, ...] = (
 )  # fmt: skip
 ADAPTERS += (MIXTRAL, QWEN2_MOE, QWEN3_MOE, OLMOE, GPT_OSS, LLAMA4, DEEPSEEK_V3, GRANITEMOE)  # mixture of experts
 ADAPTERS += (LLAMA_NAMED, COHERE2, JAIS2, FLEX_OLMO, GLM4_MOE, SARVAM_MLA, YOUTU)  # known layouts, other names
+ADAPTERS += (NANOCHAT,)  # one norm module for the embedding and the final norm
 ADAPTERS += (MAMBA, FALCON_MAMBA, MAMBA2)  # state space
 ADAPTERS += (BAMBA, JAMBA, LFM2, NEMOTRON_H)  # hybrids: attention and state-space / convolution layers
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(dict.fromkeys(t for a in ADAPTERS for t in a.model_types))

@@ -140,6 +140,10 @@ class Adapter:
             interface in 5.24).
         sandwich: ``attn_out`` and ``mlp_out`` are norms applied to the sublayer outputs before the
             residual add (Gemma 2); they get ``ln1_post.*`` and ``ln2_post.*`` scale/normalized points.
+        embed_norm: the ``ln_final`` module also normalises the embedding before the first block (NanoChat:
+            one module, two calls per forward). Its first call in a forward serves ``ln_embed.hook_scale`` /
+            ``hook_normalized``, its second ``ln_final.*``; ``blocks.0.hook_resid_pre`` is the normalised
+            embedding, so decompositions count it as the embedding.
     """
 
     model_types: tuple[str, ...]
@@ -180,6 +184,7 @@ class Adapter:
     ssm: SSM | None = None
     hybrid: SSM | None = None
     mla: bool = False
+    embed_norm: bool = False
     transformers: str = ""
 
     @property
