@@ -49,11 +49,17 @@ def save_tiny(family: str, path: str) -> None:
 
 
 def mix(x: Tensor) -> Tensor:
-    """An edit that mixes every axis but the batch: ``x + 0.25 * x`` flipped along them."""
+    """An edit that mixes every axis but the batch: ``x + 0.25 * x`` flipped along them (token ids at
+    ``hook_tokens``: the ids flipped along the positions)."""
+    if not x.is_floating_point():
+        return x.flip(-1)
     return x + 0.25 * x.flip(list(range(1, x.dim())))
 
 
 def mix_(x: Tensor, hook) -> None:
+    if not x.is_floating_point():
+        x.copy_(x.flip(-1))
+        return
     x.add_(0.25 * x.flip(list(range(1, x.dim()))))
 
 
