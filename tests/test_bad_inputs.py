@@ -112,7 +112,7 @@ CASES = [
         "mask_shape",
         lambda m: m(TOKENS, attention_mask=torch.ones(1, 4, dtype=torch.long)),
         ValueError,
-        r"`attention_mask` shape \(1, 4\) must equal.*\(1, 5\)",
+        r"`attention_mask` shape \(1, 4\) does not match the prompt shape \(1, 5\)",
     ),
     (
         "mask_list",
@@ -127,10 +127,10 @@ CASES = [
         r"`attention_mask` is only accepted with token inputs",
     ),
     (
-        "generate_right_padded",
-        lambda m: m.generate(PAIR, max_new_tokens=2, attention_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 0, 1, 0, 1]])),
+        "generate_mask_shape",
+        lambda m: m.generate(PAIR, max_new_tokens=2, attention_mask=torch.ones(2, 4, dtype=torch.long)),
         ValueError,
-        r"`attention_mask` row 1 is not left-padded",
+        r"`attention_mask` shape \(2, 4\) does not match the prompt shape \(2, 5\)",
     ),
     (
         "generate_all_zero",

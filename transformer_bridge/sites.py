@@ -17,9 +17,10 @@ from torch.utils.hooks import RemovableHandle
 
 from . import attention, mixers, mla, moe
 from .adapters import Adapter
-from .adapters.base import centred as is_centred
 from .distributed import local_param, o_proj_weight, onloaded, sum_over_ranks
 from .hook_points import HookPoint, HookRegistry
+from .module_paths import MissingModuleError, get_module, optional_module
+from .norm_sites import after_norm, norm, pos_before_head
 from .site_checks import StaleCompiledHooksError, arm_sites, check_sites, disarm_sites
 from .torch_hook import TorchHook
 
@@ -183,33 +184,6 @@ def gate_up(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
     return torch.cat([new_gate, new_up], dim=-1)
 
 
-def norm(kind: str, module: nn.Module) -> Callable:
-    """Expose ``hook_scale`` ([b, p, 1]) and ``hook_normalized`` (before the weight) of a norm."""
-    eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-5))
-
-    def process(run: Run, out: Tensor, x: Tensor | None) -> Tensor:
-        h = x.float()
-        centred = h - h.mean(-1, keepdim=True) if is_centred(kind) else h
-        scale = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt().to(x.dtype)
-        new_scale = run("scale", scale)
-        normalized = (centred / new_scale.float()).to(x.dtype)
-        new_normalized = run("normalized", normalized)
-        if new_scale is scale and new_normalized is normalized:
-            return out
-        with onloaded(module):  # accelerate may have offloaded the weight once the module returned
-            weight = local_param(module, "weight")  # OLMo's LayerNorm has neither weight nor bias
-            bias = local_param(module, "bias")
-        if kind == "rms_one_plus":
-            return (new_normalized.float() * (1.0 + weight.float())).to(out.dtype)
-        if kind == "layernorm_one_plus":  # Nemotron's LayerNorm1P
-            y = new_normalized * (weight + 1.0)
-            return (y + bias if bias is not None else y).to(out.dtype)
-        y = new_normalized * weight if weight is not None else new_normalized
-        return (y + bias if bias is not None else y).to(out.dtype)
-
-    return process
-
-
 def head_results(n_heads: int, d_head: int, module: nn.Module, conv1d: bool, registry: HookRegistry) -> Callable:
     """``hook_result``: each head's contribution through the output projection, bias excluded."""
 
@@ -261,43 +235,6 @@ def copied(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
     """The model goes on with a copy: HF adds to this output in place (Falcon), which the tensor hooks saw
     (and caches keep, and backward hooks are registered on) must not see."""
     return run("", x).clone()
-
-
-def optional_module(block: nn.Module, path: str | None, may_be_absent: bool = False) -> nn.Module | None:
-    """The module at ``path``, or None when the adapter names none or the block holds None there (StableLM's
-    ``post_attention_layernorm`` in parallel blocks). ``may_be_absent``: the block may also lack the attribute
-    (Falcon's parallel blocks); otherwise a missing attribute is a missing module (`MissingModuleError`)."""
-    if path is None:
-        return None
-    head, _, last = path.rpartition(".")
-    parent = get_module(block, head) if head else block
-    if not hasattr(parent, last):
-        if may_be_absent:
-            return None
-        get_module(block, path)  # raises, naming what is missing
-    return getattr(parent, last)
-
-
-class MissingModuleError(AttributeError):
-    """A module path an adapter names does not exist on the model (a transformers release renamed it)."""
-
-
-def get_module(root: nn.Module, path: str) -> nn.Module:
-    """The module at a dotted ``path`` under ``root`` (digits index module lists); `MissingModuleError`
-    naming the path and the missing part otherwise.
-
-    Example:
-        >>> get_module(model.hf_model, "model.layers.0.self_attn.q_proj")
-    """
-    module = root
-    for part in path.split("."):
-        try:
-            module = module[int(part)] if part.isdigit() else getattr(module, part)
-        except (AttributeError, IndexError, TypeError) as e:
-            raise MissingModuleError(
-                f"{type(root).__name__} has no module `{path}`: {type(module).__name__} has no `{part}`"
-            ) from e
-    return module
 
 
 @dataclass
@@ -397,7 +334,7 @@ def build_sites(
                 if (qk_module := optional_module(block, getattr(adapter, key), may_be_absent=True)) is not None:
                     qk_process = norm(adapter.norm, qk_module)
                     if adapter.qk_norm_layout == "head_pos":
-                        qk_process = _pos_before_head(qk_process)
+                        qk_process = pos_before_head(qk_process)
                     qk = site(qk_module, "post", qk_process)
                     add(p + f"attn.{key}.hook_scale", qk, "scale")
                     add(p + f"attn.{key}.hook_normalized", qk, "normalized")
@@ -434,7 +371,7 @@ def build_sites(
             attn_out_site = site(first, "post", identity)
             attn_out_site.process = _attn_out_and_mid(attn_out_site, stash, layer, adapter.residual_scale(model.config))
             if adapter.sandwich:
-                attn_out_site.process = _after_norm(
+                attn_out_site.process = after_norm(
                     attn_out_site, norm(adapter.norm, m(adapter.attn_out)), attn_out_site.process
                 )
                 add(p + "ln1_post.hook_scale", attn_out_site, "scale")
@@ -468,7 +405,7 @@ def build_sites(
             mlp_out = m(adapter.mlp_out)
             if adapter.sandwich:
                 mlp_out_site = site(mlp_out, "post", identity)
-                mlp_out_site.process = _after_norm(mlp_out_site, norm(adapter.norm, mlp_out), _keyed("mlp_out"))
+                mlp_out_site.process = after_norm(mlp_out_site, norm(adapter.norm, mlp_out), _keyed("mlp_out"))
                 add(p + "ln2_post.hook_scale", mlp_out_site, "scale")
                 add(p + "ln2_post.hook_normalized", mlp_out_site, "normalized")
                 add(p + "hook_mlp_out", mlp_out_site, "mlp_out")
@@ -484,37 +421,9 @@ def build_sites(
     return SiteMap(points, sites_for, stash)
 
 
-def _pos_before_head(process: Callable) -> Callable:
-    """Show a ``[b, head, pos, d]`` module output and input as ``[b, pos, head, d]`` (q/k norms after the
-    heads are moved forward: Gemma 3, Apertus, Hunyuan)."""
-
-    def shown(run: Run, out: Tensor, x: Tensor | None) -> Tensor:
-        out_t = out.transpose(1, 2)
-        new = process(run, out_t, None if x is None else x.transpose(1, 2))
-        return out if new is out_t else new.transpose(1, 2)
-
-    return shown
-
-
 def _keyed(key: str) -> Callable:
     def process(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
         return run(key, x)
-
-    return process
-
-
-def _after_norm(site: Site, norm_process: Callable, then: Callable) -> Callable:
-    """A norm's own points (``scale``, ``normalized``), then the points that read its output.
-
-    Gemma 2's sandwich norms are also the modules whose outputs are ``hook_attn_out`` and
-    ``hook_mlp_out``; one torch hook serves both, so their order is fixed. The norm's scale is
-    recomputed only while one of its own points is hooked.
-    """
-
-    def process(run: Run, out: Tensor, x: Tensor | None) -> Tensor:
-        if any(site.points[k].active for k in ("scale", "normalized")):
-            out = norm_process(run, out, x)
-        return then(run, out, x)
 
     return process
 
@@ -544,7 +453,8 @@ def _attn_out_and_mid(site: Site, stash: dict[int, Tensor], layer: int, multipli
     return process
 
 
-__all__ = [  # the compiled-hooks check lives in site_checks.py; core and the package import it from here
-    "AttnFnSite", "Site", "SiteMap", "StaleCompiledHooksError", "arm_sites", "build_sites", "check_sites",
-    "disarm_sites", "get_module",
+__all__ = [  # the compiled-hooks check lives in site_checks.py, module paths in module_paths.py, the norms'
+    # processes in norm_sites.py; the rest of the package imports them from here
+    "AttnFnSite", "MissingModuleError", "Site", "SiteMap", "StaleCompiledHooksError", "arm_sites", "build_sites",
+    "check_sites", "disarm_sites", "get_module", "norm", "optional_module",
 ]  # fmt: skip

@@ -1,6 +1,8 @@
 """`ActivationStore`: memory-mapped points, and epoch-shuffled batches across shards that are reproducible per
 seed, cover every row exactly once per epoch, and read a bounded chunk at a time."""
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 from conftest import make_bridge
@@ -14,11 +16,15 @@ NAME = "blocks.0.hook_resid_post"
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory) -> ActivationStore:
-    torch.set_num_threads(1)
+def store(tmp_path_factory) -> Iterator[ActivationStore]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # restored after the module: later tests compare with subprocesses bitwise
     out = tmp_path_factory.mktemp("store")
-    return harvest(make_bridge("llama"), documents(60), [NAME, "blocks.1.hook_resid_post"], out, context_length=16,
-                   batch_size=4, shard_size=6000, progress=False)  # fmt: skip
+    try:
+        yield harvest(make_bridge("llama"), documents(60), [NAME, "blocks.1.hook_resid_post"], out, context_length=16,
+                      batch_size=4, shard_size=6000, progress=False)  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _row_ids(store: ActivationStore, batch: torch.Tensor) -> list[int]:

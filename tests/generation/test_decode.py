@@ -232,7 +232,7 @@ def test_text_streamer_and_progress_bar(capsys):
         (dict(max_new_tokens=200), "max_new_tokens"),
         (dict(num_beams=2, num_return_sequences=3), "num_return_sequences"),
         (dict(num_return_sequences=0), "num_return_sequences"),
-        (dict(eos_token_id=V), "eos_token_id"),
+        (dict(eos_token_id=-1), "eos_token_id"),
         (dict(pad_token_id=-1), "pad_token_id"),
         (dict(logit_bias={V + 3: 1.0}), "logit_bias"),
         (dict(top_logprobs=-2), "top_logprobs"),
@@ -251,6 +251,19 @@ def test_bad_arguments_raise_before_any_forward(kwargs, name):
     with pytest.raises(ValueError, match=f"`{name}`"):
         model.generate(torch.tensor([[1, 5, 6]]), **kwargs)
     assert calls == []
+
+
+def test_an_eos_id_past_the_vocabulary_is_accepted_and_never_stops_a_row():
+    """HF's generate accepts an EOS id the model cannot produce (TransformerLens tests pass GPT-2's 50256 to tiny
+    models); the rows run to ``max_new_tokens``, token for token HF's."""
+    model = make_bridge("llama")
+    prompt = torch.tensor([[1, 5, 6, 7]])
+    for stop in (True, False):
+        out = model.generate(prompt, max_new_tokens=6, eos_token_id=V + 100, stop_at_eos=stop)
+        assert out.shape == (1, 10)
+        assert torch.equal(
+            out, model.hf_model.generate(prompt, max_new_tokens=6, eos_token_id=V + 100, do_sample=False)
+        )
 
 
 def test_token_ids_outside_the_vocabulary_raise():

@@ -116,6 +116,19 @@ def test_rows_that_stopped_early_skip_their_padding():
     assert [(s.batch_index, s.step_index) for s in rel] == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
 
 
+def test_a_mask_with_padding_between_real_tokens_is_taken_as_generate_takes_it():
+    """As HF's (and the bridge's) generate: the masked token stays in place and is skipped; the explanations
+    give it no entry, as for padding."""
+    model = make_bridge("llama")
+    tokens, mask = torch.tensor([[1, 5, 17, 42, 8, 11, 30]]), torch.tensor([[1, 1, 0, 1, 1, 1, 1]])
+    run = model.forward_pass(tokens, attention_mask=mask, max_new_tokens=3, temperature=0)
+    assert torch.equal(run.sequences, model.generate(tokens, attention_mask=mask, max_new_tokens=3, temperature=0))
+    for method in ("grad_x_input", "attnlrp"):
+        step = run.relevance_pass([0], method=method)[0]
+        assert step.source_tokens == model.to_str_tokens(torch.tensor([1, 5, 42, 8, 11, 30]))
+        assert step.relevance.shape == (6,) and bool(step.relevance.isfinite().all())
+
+
 def test_forward_pass_generates_then_explains():
     model = make_bridge("gpt2")
     run = model.forward_pass(["Hi", "Hello there"], max_new_tokens=4, temperature=0)
