@@ -41,7 +41,7 @@ CASES = [
     ("streamer_str", gen(streamer="x"), TypeError, r"`streamer`.*'x'.*\['put', 'end'\]"),
     ("streamer_without_end", gen(streamer=PutOnly()), TypeError, r"`streamer`.*PutOnly.*\['end'\]"),
     # stopping criteria: the list, then each criterion's answer at the first step
-    ("criteria_not_callable", gen(stopping_criteria=5), TypeError, r"`stopping_criteria` must be a callable.*got 5"),
+    ("criteria_not_callable", gen(stopping_criteria=5), TypeError, r"`stopping_criteria` must be a Stopping.*got 5"),
     ("criteria_entry_int", gen(stopping_criteria=[5]), TypeError, r"`stopping_criteria`\[0\].*got 5"),
     ("criterion_wrong_shape", gen(stopping_criteria=[lambda i, s: torch.zeros(3, dtype=torch.bool)]),
      ValueError, r"`stopping_criteria`\[0\].*shape.*\[1\].*\(3,\)"),

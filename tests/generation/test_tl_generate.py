@@ -50,6 +50,30 @@ def _embeds(model, tokens):
     return model.hf_model.get_input_embeddings()(tokens).detach()
 
 
+def test_rows_stopping_apart_need_a_pad_id_and_never_get_token_0():
+    """A batch whose rows stop at different steps fills finished rows with a pad id; a model with none anywhere is
+    refused (TransformerLens refuses too), not filled with token 0; with `pad_token_id=` the rows are HF's."""
+    model = make_bridge("llama")
+    model.tokenizer = None
+    for config in (model.hf_model.generation_config, model.hf_model.config):
+        config.pad_token_id = config.eos_token_id = None
+
+    class FirstRowAt5(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return (torch.arange(input_ids.shape[0]) == 0) & (input_ids.shape[1] >= 5)
+
+    prompts = torch.tensor([[1, 5, 6], [1, 7, 8]])
+    with pytest.raises(ValueError, match=r"padding token.*Pass `pad_token_id=`"):
+        model.generate(prompts, max_new_tokens=5, stopping_criteria=FirstRowAt5())
+    with pytest.raises(ValueError, match="padding token"):
+        model.generate(prompts, max_new_tokens=5, stop_strings=["x"], tokenizer=make_bridge("llama").tokenizer)
+    out = model.generate(prompts, max_new_tokens=5, stopping_criteria=FirstRowAt5(), pad_token_id=3)
+    hf = model.hf_model.generate(prompts, max_new_tokens=5, do_sample=False)
+    assert torch.equal(out[1], hf[1]) and torch.equal(out[0, :5], hf[0, :5]) and out[0, 5:].tolist() == [3, 3, 3]
+    one = model.generate(prompts[:1], max_new_tokens=5, stopping_criteria=FirstRowAt5())  # one row: nothing to fill
+    assert torch.equal(one, hf[:1, :5])
+
+
 def test_generating_from_embeddings_equals_hf_inputs_embeds(model):
     tokens, mask = model.to_tokens_and_mask(["Hi", "Hello there"], padding_side="left")
     embeds = _embeds(model, tokens)

@@ -62,6 +62,7 @@ class Plan:
     records: Records
     streamer: Any
     verbose: bool
+    pad_known: bool = True  # False: no pad id anywhere (`pad_token_id` is a placeholder 0)
 
 
 def plan(model: BridgeCore, prompt_width: int, from_embeds: bool, o: Mapping[str, Any]) -> Plan:
@@ -103,10 +104,9 @@ def plan(model: BridgeCore, prompt_width: int, from_embeds: bool, o: Mapping[str
             "`output_scores` and `streamer` need `num_beams=1`."
         )
 
-    eos = _eos_ids(model, o["eos_token_id"])  # checked even when unused
-    eos = eos if o["stop_at_eos"] else []
-    pad_token_id = o["pad_token_id"]
-    pad = _token("pad_token_id", model.pad_token_id if pad_token_id is None else pad_token_id, d_vocab)
+    all_eos = _eos_ids(model, o["eos_token_id"])  # checked even when unused
+    eos = all_eos if o["stop_at_eos"] else []
+    pad, pad_known = _pad(model, o["pad_token_id"], all_eos)
     tokenizer = model.tokenizer if o["tokenizer"] is None else o["tokenizer"]
     stop_strings = _stop_strings(o["stop_strings"], tokenizer)
     criteria = _criteria(o["stopping_criteria"])
@@ -129,7 +129,21 @@ def plan(model: BridgeCore, prompt_width: int, from_embeds: bool, o: Mapping[str
         records=records,
         streamer=streamer,
         verbose=o["verbose"],
+        pad_known=pad_known,
     )
+
+
+def _pad(model: BridgeCore, pad_token_id: object, eos: list[int]) -> tuple[int, bool]:
+    """The id finished rows are filled with and whether one is known: the keyword, the tokenizer's pad or EOS, the
+    config's pad, else the first EOS id (HF's rule); else a placeholder 0 (`resolve` refuses it where rows can
+    finish at different steps)."""
+    d_vocab = model.cfg.d_vocab
+    if pad_token_id is not None:
+        return _token("pad_token_id", pad_token_id, d_vocab), True
+    known = model._known_pad_id()
+    if known is None and eos:
+        known = eos[0]
+    return (0, False) if known is None else (_token("pad_token_id", known, d_vocab), True)
 
 
 def _max_new_tokens(max_new_tokens: object, prompt_width: int, n_ctx: int | None) -> int:
@@ -236,14 +250,14 @@ def _criteria(stopping_criteria: object) -> list[Callable]:
         stopping_criteria = [stopping_criteria]
     if not isinstance(stopping_criteria, Sequence):
         raise ArgumentTypeError(
-            f"`stopping_criteria` must be a callable `(input_ids, scores) -> bool tensor [batch]` or a list of them, "
-            f"got {describe(stopping_criteria)}."
+            "`stopping_criteria` must be a StoppingCriteria (any callable `(input_ids, scores) -> bool tensor "
+            f"[batch]`), a list of them or a StoppingCriteriaList, got {describe(stopping_criteria)}."
         )
     for i, c in enumerate(stopping_criteria):
         if not callable(c):
             raise ArgumentTypeError(
-                f"`stopping_criteria`[{i}] must be a callable `(input_ids, scores) -> bool tensor [batch]`, "
-                f"got {describe(c)}."
+                f"`stopping_criteria`[{i}] must be a StoppingCriteria (any callable `(input_ids, scores) -> bool "
+                f"tensor [batch]`), got {describe(c)}."
             )
     return list(stopping_criteria)
 

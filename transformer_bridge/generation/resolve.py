@@ -159,11 +159,25 @@ def prepare(model: BridgeCore, a: Mapping[str, Any]) -> Request:
         "eos_token_id": _user_eos(settings, a["eos_token_id"]),
         "pad_token_id": _pad_token_id(model, settings, a["pad_token_id"]), "return_dict": return_dict, **outputs,
     }, a))  # fmt: skip
+    _check_padding(plan, tokens.shape[0])
     steps = _control(a["controller"], a["max_steps"], plan)
     speculation = {name: a[name] for name in ("prompt_lookup_num_tokens", "assistant_model", "num_assistant_tokens")}
     return Request(tokens, mask, prompts, single, text_out, plan, return_dict, hf_layout, return_cache, names, device,
                    a["controller"], steps, speculation, a["cache_implementation"], a["compile"], embeds,
                    a["return_input_tokens"])  # fmt: skip
+
+
+def _check_padding(plan: Plan, batch: int) -> None:
+    """Rows that stop at different steps are filled with a pad id; without one anywhere, refuse rather than fill
+    them with token 0 (a real token)."""
+    rows = batch * max(plan.search.num_return_sequences, plan.search.num_beams)
+    by_row = plan.stopping.stop_strings or plan.stopping.criteria
+    if rows > 1 and by_row and not plan.pad_known:
+        raise ValueError(
+            "Rows of this batch can stop at different steps (`stop_strings` / `stopping_criteria`), and a finished "
+            "row is filled with a padding token; this model has none (no `pad_token_id`, no tokenizer pad or EOS "
+            "token, none in its config). Pass `pad_token_id=`."
+        )
 
 
 def _user_eos(settings: Settings, eos_token_id: Any) -> Any:

@@ -104,8 +104,8 @@ def _as_rows(result: Any, like: Tensor, index: int, criterion: Criterion) -> Ten
         )
     if result.shape not in ((), (1,), like.shape):
         raise ValueError(
-            f"{_label(index, criterion)} must return one bool per row: shape [], [1] or [{like.shape[0]}] "
-            f"(batch), got {describe(result)}."
+            f"{_label(index, criterion)} must return one bool per row (a per-row bool tensor): shape [], [1] or "
+            f"[{like.shape[0]}] (batch), got {describe(result)}."
         )
     return result.to(like.device).expand(like.shape)
 
