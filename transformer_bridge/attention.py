@@ -245,7 +245,7 @@ class SdpaSite(TorchHook):
     def _register(self) -> RemovableHandle:
         enter = self.module.register_forward_pre_hook(self._enter)
         leave = self.module.register_forward_hook(self._leave, always_call=True)
-        return _Both(enter, leave)
+        return Handles(enter, leave)
 
     def _enter(self, module: nn.Module, args: tuple) -> None:
         self.fired = True
@@ -258,8 +258,8 @@ class SdpaSite(TorchHook):
             self._modes.pop().__exit__(None, None, None)
 
 
-class _Both(RemovableHandle):
-    """Two torch hook handles removed as one."""
+class Handles(RemovableHandle):
+    """Several torch hook handles removed as one."""
 
     def __init__(self, *handles: RemovableHandle) -> None:
         self.handles = handles

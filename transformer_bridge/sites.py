@@ -84,17 +84,6 @@ class Site(TorchHook):
         return (new, *output[1:]) if isinstance(output, tuple) else new
 
 
-class _Handles:
-    """Several torch hook handles removed as one."""
-
-    def __init__(self, *handles: RemovableHandle) -> None:
-        self.handles = handles
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-
 @dataclass(eq=False)
 class TwoCallNormSite(Site):
     """A norm module the model calls twice per forward (NanoChat's ``model.norm``: on the embedding, then
@@ -107,7 +96,7 @@ class TwoCallNormSite(Site):
 
     def _register(self) -> RemovableHandle:
         own = super()._register()
-        return _Handles(own, self.root.register_forward_pre_hook(self._reset))  # type: ignore[return-value]
+        return attention.Handles(own, self.root.register_forward_pre_hook(self._reset))
 
     def _reset(self, module: nn.Module, args: tuple) -> None:
         self.calls = 0

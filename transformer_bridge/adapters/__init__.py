@@ -55,7 +55,7 @@ def adapter_for(model_type: str) -> Adapter:
         ranges = ", ".join(a.transformers or "any" for a in known)
         raise UnsupportedArchitectureError(
             f"config.model_type={model_type!r} has adapters for transformers {ranges}, none for the installed "
-            f"{installed()}. Install a release in that range."
+            f"{installed()}. For this family install transformers {ranges}."
         )
     raise UnsupportedArchitectureError(
         f"Unsupported architecture: config.model_type={model_type!r}. Supported families: "
