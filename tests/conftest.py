@@ -29,7 +29,13 @@ from transformers import (
 )
 
 from transformer_bridge import TransformerBridge
-from transformer_bridge.adapters import SUPPORTED_MODEL_TYPES, UnsupportedArchitectureError, adapter_for
+from transformer_bridge.adapters import (
+    ADAPTERS,
+    SUPPORTED_MODEL_TYPES,
+    Adapter,
+    UnsupportedArchitectureError,
+    adapter_for,
+)
 
 # Distinct sizes so a swapped axis fails loudly: vocab 99, d_model 32, d_mlp 37, 4 heads, 2 kv heads.
 V, D, M, H, KV, L = 99, 32, 37, 4, 2, 2
@@ -207,6 +213,13 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
     )
+
+
+def declared_adapter(model_type: str) -> Adapter:
+    """The bridge's adapter for ``model_type`` whatever the installed transformers (its layout facts: MoE or not, the
+    norm kind ...); `adapter_for` is the one a wrap uses, and raises outside the adapter's release range. The keys
+    of CONFIGS and MOE_CONFIGS are model types."""
+    return next(a for a in ADAPTERS if model_type in a.model_types)
 
 
 def adapted_config(model_type: str, make_config):

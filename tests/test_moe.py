@@ -353,7 +353,14 @@ def test_latent_attention_points():
     _close(got, expected)
 
 
-SHARED = [f for f in MOE_CONFIGS if make_bridge(f).adapter.moe.shared is not None]
+def _has_shared_experts(family: str) -> bool:
+    try:
+        return make_bridge(family).adapter.moe.shared is not None
+    except pytest.skip.Exception:  # no adapter for the installed transformers: its tests skip when they run
+        return True
+
+
+SHARED = [f for f in MOE_CONFIGS if _has_shared_experts(f)]
 
 
 def _torch_hook(module, kind, fn):

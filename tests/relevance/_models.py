@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from conftest import CONFIGS, FAMILIES, V, make_bridge, make_hf
+from conftest import FAMILIES, V, declared_adapter, make_bridge, make_hf
 
-from transformer_bridge.adapters import adapter_for
+from transformer_bridge.adapters import UnsupportedArchitectureError
 from transformer_bridge.moe import has_dense_expert_internals, has_expert_internals, is_moe_block
 from transformer_bridge.relevance import RelevanceRun
 from transformer_bridge.sites import get_module
@@ -15,7 +15,11 @@ __all__ = ["BIAS_FREE", "FAMILIES", "V", "make_bridge", "padded_pair", "random_t
 def _bias_free(family: str) -> bool:
     """No bias anywhere in the model (so cp_lrp must conserve exactly). Soft-caps are handled by the identity
     rule and sandwich norms by constant ratios, so they do not count."""
-    return not any(name.endswith("bias") for name, _ in make_hf(family).named_parameters())
+    try:
+        hf = make_hf(family)
+    except pytest.skip.Exception:  # the installed transformers has no adapter for it: its tests skip when they run
+        return True
+    return not any(name.endswith("bias") for name, _ in hf.named_parameters())
 
 
 def _unruled(family: str) -> str | None:
@@ -25,7 +29,7 @@ def _unruled(family: str) -> str | None:
     (`hook_expert_pre` / `hook_expert_post`) and for shared experts (`hook_shared_*`); latent attention holds
     its pattern constant.
     """
-    adapter = adapter_for(CONFIGS[family]().model_type)
+    adapter = declared_adapter(family)
     if adapter.moe is None:
         return None
     hf = make_hf(family)
@@ -42,7 +46,10 @@ def _unruled(family: str) -> str | None:
 
 
 def _conservation_case(family: str):
-    reason = _unruled(family)
+    try:
+        reason = _unruled(family)
+    except (pytest.skip.Exception, UnsupportedArchitectureError):  # not on this release: the test skips, naming it
+        return family
     return family if reason is None else pytest.param(family, marks=pytest.mark.xfail(reason=reason, strict=True))
 
 

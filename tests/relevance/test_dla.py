@@ -3,9 +3,8 @@
 import pytest
 import torch
 from _models import FAMILIES, make_bridge, random_tokens, tiny_run
-from conftest import CONFIGS
+from conftest import declared_adapter
 
-from transformer_bridge.adapters import adapter_for
 from transformer_bridge.relevance import RelevanceRun, relevance_hooks
 from transformer_bridge.sites import get_module
 
@@ -108,7 +107,7 @@ def test_relevance_hooks_name_what_cache_methods_read():
     assert len(rel) == 2
 
 
-MOE = [f for f in FAMILIES if adapter_for(CONFIGS[f]().model_type).moe is not None]
+MOE = [f for f in FAMILIES if declared_adapter(f).moe is not None]
 
 
 @pytest.mark.parametrize("family", MOE)
