@@ -21,7 +21,7 @@ from .adapters.base import one_plus
 from .caching import CacheWriter
 from .checks import ArgumentIndexError, check_device, describe
 from .config import BridgeConfig, bridge_config
-from .distributed import attach_shard_specs, full_param, input_device, tp_mesh
+from .distributed import attach_shard_specs, check_tensor_parallel, full_param, input_device, tp_mesh
 from .hook_points import HookContext, HookPoint, HookRegistry
 from .inputs import PaddingSide, check_attention_mask, left_padding_mask
 from .layers import StopForward, check_layer, start_at, stop_before
@@ -65,6 +65,7 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
             ) from e
 
     def _wrap(self, hf_model: PreTrainedModel, tokenizer: Any) -> None:
+        check_tensor_parallel(hf_model)
         self.cfg: BridgeConfig = bridge_config(hf_model, self.adapter, tokenizer)
         # Only checks that the implementation is one the bridge can route; the HF model's config is
         # switched to the bridge's implementation during the bridge's own calls only (`run_model`).

@@ -11,6 +11,7 @@ time, never by ``if version`` checks elsewhere:
   onto HF's attention interface in 5.24);
 - behaviours the bridge reproduces that changed between releases (`BEAM_SAMPLES_SORTED`);
 - where HF keeps what the bridge imports from non-public modules (`eager_attention`);
+- the keywords that load a model tensor-parallel (`tensor_parallel`, `TP_PLAN_KEYWORD`);
 - the release range this version of the bridge is tested on (`TRANSFORMERS_RANGE`, kept equal to
   ``pyproject.toml`` by a test), named in every `UnsupportedArchitectureError`.
 
@@ -20,7 +21,8 @@ Absorbing a new release: docs/design.md ("Absorbing a new transformers release")
 import functools
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import transformers
@@ -77,6 +79,23 @@ def cache_keyword(model_class: type) -> str:
     )
 
 
+# `from_pretrained` loads a model tensor-parallel with `distributed_config=DistributedConfig(tp_size=N)` in every
+# supported release; its older `tp_plan=` keyword is taken from 5.20 on (deprecated by 5.24), not by 5.15.
+TP_PLAN_KEYWORD = in_range(">=5.20")
+
+
+def tensor_parallel(world_size: int, plan: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The `from_pretrained` keywords that load a model tensor-parallel over ``world_size`` ranks (under
+    ``torchrun``) on the installed transformers, with the model's own plan or ``plan``.
+
+    Example:
+        >>> model = TransformerBridge.from_pretrained(path, **tensor_parallel(int(os.environ["WORLD_SIZE"])))
+    """
+    from transformers.distributed import DistributedConfig
+
+    return {"distributed_config": DistributedConfig(tp_size=world_size, tp_plan=None if plan is None else dict(plan))}
+
+
 def eager_attention(module: nn.Module) -> Callable:
     """The family's own eager attention function (Gemma 2's soft-caps), which HF keeps next to the
     attention class as ``eager_attention_forward`` in every 5.x release."""
@@ -93,6 +112,7 @@ __all__ = [
     "BEAM_SAMPLES_SORTED",
     "TORCH_RANGE",
     "TORCH_VERSION",
+    "TP_PLAN_KEYWORD",
     "TRANSFORMERS_RANGE",
     "TRANSFORMERS_VERSION",
     "MissingHFFeatureError",
@@ -100,4 +120,5 @@ __all__ = [
     "eager_attention",
     "in_range",
     "installed",
+    "tensor_parallel",
 ]

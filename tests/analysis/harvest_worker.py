@@ -27,6 +27,7 @@ from conftest import make_bridge  # noqa: E402
 
 from transformer_bridge import TransformerBridge, harvest  # noqa: E402
 from transformer_bridge.activations import HarvestWriteError  # noqa: E402
+from transformer_bridge.versions import tensor_parallel  # noqa: E402
 
 
 def documents(n: int, seed: int = 0):
@@ -57,7 +58,8 @@ def main() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (opts["fsize_limit"], opts["fsize_limit"]))
     if opts.get("tp_model"):  # tensor parallel over the ranks torchrun started
-        model = TransformerBridge.from_pretrained(opts["tp_model"], dtype=torch.float32, tp_plan="auto")
+        world = torch.distributed.get_world_size()
+        model = TransformerBridge.from_pretrained(opts["tp_model"], dtype=torch.float32, **tensor_parallel(world))
     elif opts.get("saved_model"):
         model = TransformerBridge.from_pretrained(opts["saved_model"], dtype=torch.float32)
     else:

@@ -31,6 +31,9 @@ RANKS = 2
 TOL = 1e-5  # measured: ≤ 2.1e-6 (the all-reduce sums the halves of each row-wise matmul in another order)
 
 
+PLAIN_SHARDS = "with its shards as plain tensors"  # `check_tensor_parallel`'s refusal (transformers 5.15)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, list[dict]]]:
     """``family -> (one-process results, [rank 0 results, rank 1 results])``, and ``"plan"`` for the refused plan."""
@@ -41,6 +44,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, list
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
                str(HERE / "tp_worker.py"), str(root), str(root), ",".join(FAMILIES)]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0 and PLAIN_SHARDS in done.stderr:  # the bridge refuses this release's tensor parallelism
+        pytest.skip(next(line for line in done.stderr.splitlines() if PLAIN_SHARDS in line)[-400:])
     if done.returncode != 0:
         pytest.fail(f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
     results = {}
@@ -137,3 +142,19 @@ def test_check_tp_plan(plan: dict, ok: bool) -> None:
 def test_no_hooks_is_hf_tensor_parallel_bitwise(runs, family: str) -> None:
     _, ranks = runs[family]
     assert [bool(got["bitwise_hf"]) for got in ranks] == [True] * RANKS
+
+
+def test_a_model_sharded_as_plain_tensors_is_refused() -> None:
+    """transformers 5.15 shards a tensor-parallel model's weights as plain tensors (no DTensor says which axis is
+    split): the bridge would read a shard's shape as the whole weight's, so it refuses the model, naming why."""
+    from conftest import char_tokenizer, make_hf
+
+    from transformer_bridge import TransformerBridge
+    from transformer_bridge.adapters import UnsupportedArchitectureError
+
+    hf = make_hf("llama")
+    hf._tp_size = 2  # what HF sets for `tp_size`; the weights stay plain tensors, as 5.15 leaves each rank's shard
+    with pytest.raises(UnsupportedArchitectureError, match=r"tensor-parallel \(tp_size=2\) with its shards as plain"):
+        TransformerBridge(hf, char_tokenizer())
+    hf._tp_size = None
+    assert TransformerBridge(hf, char_tokenizer()).cfg.d_vocab == hf.config.vocab_size

@@ -10,22 +10,23 @@ from torch import Tensor
 
 from transformer_bridge import Branch
 
-# (family, config keywords). Distinct sizes; d_mlp 37 does not divide by 2 ranks (shards of 19 and 18).
+# (family, config keywords). Distinct sizes; d_mlp 37 does not divide by 2 ranks (shards of 19 and 18). The vocabulary
+# is even: transformers 5.15 all-gathers the LM head's shards only when they are of equal size.
 FAMILIES = {
     "llama": dict(
-        model_type="llama", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+        model_type="llama", vocab_size=98, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2,
     ),
     "qwen3": dict(
-        model_type="qwen3", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+        model_type="qwen3", vocab_size=98, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8,
     ),
     "gemma2": dict(
-        model_type="gemma2", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+        model_type="gemma2", vocab_size=98, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
     ),
     "gpt_neox": dict(
-        model_type="gpt_neox", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+        model_type="gpt_neox", vocab_size=98, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
         num_attention_heads=4, rotary_pct=0.5,
     ),
 }  # fmt: skip
@@ -109,7 +110,7 @@ def run_checks(model) -> dict[str, Tensor]:
 
     # A controller (fork, forced tokens, backtrack with fast-forward, a masked sample) steered at a sharded point.
     script = {(0, 2): [Branch.sample(), Branch.forced([10, 11, 12])], (1, 1): Branch(backtrack=1, ff_tokens=[[20]]),
-              (0, 4): Branch.sample(torch.arange(99) > 40)}  # fmt: skip
+              (0, 4): Branch.sample(torch.arange(98) > 40)}  # fmt: skip
 
     def controller(view):
         return None if view.backtracked else script.get((view.row, len(view.generated)))

@@ -7,12 +7,12 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from transformers import DistributedConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tp_checks import TOKENS, run_checks, run_local_checks
 
 from transformer_bridge import TransformerBridge
+from transformer_bridge.versions import TP_PLAN_KEYWORD, tensor_parallel
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # `tp_plan=` is HF's deprecated spelling
 
@@ -20,9 +20,8 @@ warnings.filterwarnings("ignore", category=FutureWarning)  # `tp_plan=` is HF's 
 def main(root: str, out_dir: str, families: list[str]) -> None:
     torch.manual_seed(0)
     for i, family in enumerate(families):
-        # Both spellings: HF's older `tp_plan="auto"` and its `DistributedConfig`.
-        config = DistributedConfig(tp_size=int(os.environ["WORLD_SIZE"]))
-        how = {"tp_plan": "auto"} if i == 0 else {"distributed_config": config}
+        # Both spellings where the release takes both: HF's older `tp_plan="auto"` and its `DistributedConfig`.
+        how = {"tp_plan": "auto"} if i == 0 and TP_PLAN_KEYWORD else tensor_parallel(int(os.environ["WORLD_SIZE"]))
         model = TransformerBridge.from_pretrained(os.path.join(root, family), dtype=torch.float32, **how)
         results = {**run_checks(model), **run_local_checks(model)}
         with torch.no_grad():  # no hooks: the bridge runs HF's own tensor-parallel code
@@ -33,9 +32,9 @@ def main(root: str, out_dir: str, families: list[str]) -> None:
     # A plan that splits the residual stream by position (sequence parallelism) is refused, not shown in shards.
     refused = torch.tensor(0)
     try:
-        TransformerBridge.from_pretrained(
-            os.path.join(root, families[0]), dtype=torch.float32, tp_plan={"model.norm": "sequence_parallel"}
-        )
+        plan = {"model.norm": "sequence_parallel"}
+        how = {"tp_plan": plan} if TP_PLAN_KEYWORD else tensor_parallel(int(os.environ["WORLD_SIZE"]), plan)
+        TransformerBridge.from_pretrained(os.path.join(root, families[0]), dtype=torch.float32, **how)
     except NotImplementedError as e:
         refused = torch.tensor(int("sequence_parallel" in str(e)))
     torch.save({"refused_sequence_parallel": refused}, os.path.join(out_dir, f"plan.rank{dist.get_rank()}.pt"))

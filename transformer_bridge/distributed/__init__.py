@@ -10,6 +10,7 @@ from .params import full_param, input_device, local_param, onloaded
 from .tensor_parallel import (
     ShardSpec,
     attach_shard_specs,
+    check_tensor_parallel,
     check_tp_plan,
     local_shards,
     o_proj_weight,
@@ -20,6 +21,7 @@ from .tensor_parallel import (
 __all__ = [
     "ShardSpec",
     "attach_shard_specs",
+    "check_tensor_parallel",
     "check_tp_plan",
     "full_param",
     "input_device",

@@ -23,8 +23,8 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from ..hook_points import HookPoint, HookRegistry
 
-__all__ = ["SHARDED_AXES", "SUPPORTED_STYLES", "ShardSpec", "attach_shard_specs", "check_tp_plan", "local_shards",
-           "o_proj_weight", "sum_over_ranks", "tp_mesh"]  # fmt: skip
+__all__ = ["SHARDED_AXES", "SUPPORTED_STYLES", "ShardSpec", "attach_shard_specs", "check_tensor_parallel",
+           "check_tp_plan", "local_shards", "o_proj_weight", "sum_over_ranks", "tp_mesh"]  # fmt: skip
 
 # Points that a tensor-parallel plan can split: suffix -> (axis of the tensor the hook sees, size
 # attribute of `BridgeConfig`). Heads for attention, neurons for the MLP.
@@ -143,6 +143,25 @@ def tp_mesh(model: nn.Module) -> DeviceMesh | None:
             check_tp_plan(getattr(model, "tp_plan", None) or {})
             return p.device_mesh
     return None
+
+
+def check_tensor_parallel(model: nn.Module) -> None:
+    """Refuse a tensor-parallel model whose shards are plain tensors (transformers 5.15 shards that way; later
+    releases make them `DTensor`\\ s, which say which axis is split and over which ranks): the bridge would read a
+    shard's shape as the whole weight's (half the vocabulary on two ranks).
+
+    Example:
+        >>> check_tensor_parallel(torch.nn.Linear(2, 2))  # not tensor-parallel: nothing to check
+    """
+    if (getattr(model, "tp_size", None) or 1) > 1 and tp_mesh(model) is None:
+        from ..adapters import UnsupportedArchitectureError
+        from ..versions import installed
+
+        raise UnsupportedArchitectureError(
+            f"{type(model).__name__} is tensor-parallel (tp_size={model.tp_size}) with its shards as plain tensors, "
+            f"as {installed()} loads it; the bridge reads shards from DTensors (transformers 5.23 and 5.24 make "
+            "them). Install a newer transformers, or load the model without tensor parallelism."
+        )
 
 
 def attach_shard_specs(points: dict[str, HookPoint], mesh: DeviceMesh, sizes: object) -> None:
