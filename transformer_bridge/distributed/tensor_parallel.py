@@ -21,7 +21,9 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
+from ..adapters import UnsupportedArchitectureError
 from ..hook_points import HookPoint, HookRegistry
+from ..versions import installed
 
 __all__ = ["SHARDED_AXES", "SUPPORTED_STYLES", "ShardSpec", "attach_shard_specs", "check_tensor_parallel",
            "check_tp_plan", "local_shards", "o_proj_weight", "sum_over_ranks", "tp_mesh"]  # fmt: skip
@@ -154,9 +156,6 @@ def check_tensor_parallel(model: nn.Module) -> None:
         >>> check_tensor_parallel(torch.nn.Linear(2, 2))  # not tensor-parallel: nothing to check
     """
     if (getattr(model, "tp_size", None) or 1) > 1 and tp_mesh(model) is None:
-        from ..adapters import UnsupportedArchitectureError
-        from ..versions import installed
-
         raise UnsupportedArchitectureError(
             f"{type(model).__name__} is tensor-parallel (tp_size={model.tp_size}) with its shards as plain tensors, "
             f"as {installed()} loads it; the bridge reads shards from DTensors (transformers 5.23 and 5.24 make "
