@@ -87,9 +87,9 @@ class Site(TorchHook):
 @dataclass(eq=False)
 class TwoCallNormSite(Site):
     """A norm module the model calls twice per forward (NanoChat's ``model.norm``: on the embedding, then
-    before the unembedding). The first call after ``root`` (the module making both calls) starts serves the
-    keys prefixed ``embed_``, every later one the plain keys, so a direct call of the norm outside a forward
-    (a logit lens) counts as the final norm."""
+    before the unembedding). Each time ``root`` (the module making both calls) starts a forward, the count
+    restarts: the first call then serves the keys prefixed ``embed_``, every later one the plain keys, so a
+    direct call of the norm outside a forward (a logit lens) counts as the final norm."""
 
     root: nn.Module | None = None
     calls: int = 0
