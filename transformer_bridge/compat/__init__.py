@@ -2,6 +2,7 @@
 public class) and the modules doing its work."""
 
 from .components import Blocks, ComponentView
+from .dla_tool import DirectLogitAttribution, direct_logit_attribution
 from .kv_cache import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
 from .surface import TransformerLensSurface
 from .weights import WeightNotAvailableError
@@ -9,8 +10,10 @@ from .weights import WeightNotAvailableError
 __all__ = [
     "Blocks",
     "ComponentView",
+    "DirectLogitAttribution",
     "TransformerLensKeyValueCache",
     "TransformerLensKeyValueCacheEntry",
     "TransformerLensSurface",
     "WeightNotAvailableError",
+    "direct_logit_attribution",
 ]

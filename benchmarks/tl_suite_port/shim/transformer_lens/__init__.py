@@ -14,6 +14,7 @@ import types
 
 import transformer_bridge.utils as _utils
 from transformer_bridge import ActivationCache, HookPoint
+from transformer_bridge.compat.dla_tool import DirectLogitAttribution, direct_logit_attribution
 from transformer_bridge.compat.factored import FactoredMatrix
 from transformer_bridge.compat.kv_cache import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
 from transformer_bridge.hook_points import HookRegistry
@@ -106,6 +107,9 @@ KNOWN.update({
     "transformer_lens.utilities": dict(vars(_utils)),
     "transformer_lens.utilities.lm_utils": dict(vars(_utils)),
     "transformer_lens.utilities.cache": {"get_pos_offset": _get_pos_offset},
+    "transformer_lens.tools.analysis": {"direct_logit_attribution": direct_logit_attribution},
+    "transformer_lens.tools.analysis.direct_logit_attribution": {
+        "direct_logit_attribution": direct_logit_attribution, "DirectLogitAttribution": DirectLogitAttribution},
 })  # fmt: skip
 sys.meta_path.insert(0, _Finder())
 
