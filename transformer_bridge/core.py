@@ -432,17 +432,20 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         ctx: HookContext | None = None,
         logits_to_keep: int = 0,
         stop_at_layer: int | None = None,
+        reset_hooks_end: bool = True,
     ) -> tuple[Float[Tensor, "batch pos d_vocab"], dict[str, Tensor]]:
         """The caching forward shared by `run_with_cache` and `generate(return_cache=True)`.
 
         Runs under the active hooks plus caching hooks on ``names`` (canonical), without autograd.
-        Returns the logits and the cached tensors; `run_with_cache` is the user-facing form.
+        Returns the logits and the cached tensors; `run_with_cache` is the user-facing form. With
+        ``reset_hooks_end=False`` the caching hooks stay (until `reset_hooks`) and later forwards refill the dict.
         """
         store = CacheWriter(device, pos_slice)
         if logits_to_keep and any(n.startswith("unembed.") for n in names):  # lm_head's points show every position
             logits_to_keep = 0
         # no_grad, not inference_mode: inference tensors cannot meet parameters in autograd later.
-        with self.hooks(fwd_hooks=[(n, store.hook) for n in names], read_only=True), torch.no_grad():
+        caching = [(n, store.hook) for n in names]
+        with self.hooks(fwd_hooks=caching, read_only=True, reset_hooks_end=reset_hooks_end), torch.no_grad():
             logits = self.forward_tokens(tokens, mask, ctx, logits_to_keep, stop_at_layer=stop_at_layer)
         return logits, store.tensors
 

@@ -282,6 +282,8 @@ class Running:
         next-token loss over real tokens; ``loss_per_token=True``: ``[batch, pos - 1]``), ``"both"``
         (``(logits, loss)``) or ``None``. ``return_cache_object=False`` returns the cache as a plain
         ``{name: tensor}`` dict; ``clear_contexts=True`` empties the ``hook.ctx`` of every point cached, afterwards.
+        ``reset_hooks_end=False`` (TransformerLens) leaves the caching hooks on until `reset_hooks`: each later
+        forward overwrites the returned cache's entries (its ``attention_mask`` stays this call's).
 
         Example:
             >>> logits, cache = model.run_with_cache("Hello world", names_filter=lambda n: "resid" in n)
@@ -291,35 +293,34 @@ class Running:
         if return_type not in ("logits", "loss", "both", None):
             raise ValueError(f"`return_type` must be 'logits', 'loss', 'both' or None, got {return_type!r}.")
         for name, value in (("loss_per_token", loss_per_token), ("return_cache_object", return_cache_object),
-                            ("clear_contexts", clear_contexts)):  # fmt: skip
+                            ("clear_contexts", clear_contexts), ("reset_hooks_end", reset_hooks_end)):  # fmt: skip
             check_bool(name, value)
         if incl_bwd and not torch.is_grad_enabled():
             raise ValueError(
                 "`incl_bwd=True` backpropagates, but gradient tracking is off (inside torch.no_grad() or "
                 "torch.set_grad_enabled(False)); call run_with_cache outside it."
             )
-        if reset_hooks_end is not True:
-            raise ValueError(
-                f"`reset_hooks_end`={reset_hooks_end!r}: the cache is filled by this call only; "
-                "for hooks that outlive the call use model.add_hook(name, fn)."
-            )
+        if not reset_hooks_end and remove_batch_dim:  # later forwards would write batched tensors into it
+            raise ValueError("`reset_hooks_end=False` keeps filling the cache; it cannot `remove_batch_dim` too.")
         if start_at_layer is not None:
             out, cache = self._cache_from_layer(input, start_at_layer, return_type, loss_per_token, names_filter,
-                                                device, pos_slice, tokens, attention_mask, stop_at_layer)  # fmt: skip
-            return out, (cache if return_cache_object else dict(cache.cache_dict))
+                                                device, pos_slice, tokens, attention_mask, stop_at_layer,
+                                                reset_hooks_end=reset_hooks_end)  # fmt: skip
+            return out, (cache if return_cache_object else cache.cache_dict)
         out, cache = self._cached_run(input, names_filter, device, remove_batch_dim, incl_bwd, pos_slice,
-                                      attention_mask, metric, prepend_bos, stop_at_layer)  # fmt: skip
+                                      attention_mask, metric, prepend_bos, stop_at_layer,
+                                      reset_hooks_end=reset_hooks_end)  # fmt: skip
         if clear_contexts:
             for name in self.names_matching(names_filter):
                 self.hook_dict[name].clear_context()
         if stop_at_layer is None:
             out = self._shape_output(out, input, return_type, loss_per_token, attention_mask, prepend_bos)
-        return out, (cache if return_cache_object else dict(cache.cache_dict))
+        return out, (cache if return_cache_object else cache.cache_dict)
 
     def _cached_run(
         self, input: Input, names_filter: NamesFilter, device: Any, remove_batch_dim: bool, incl_bwd: bool,
         pos_slice: Any, attention_mask: Tensor | None, metric: Callable | None, prepend_bos: bool | None,
-        stop_at_layer: int | None,
+        stop_at_layer: int | None, *, reset_hooks_end: bool = True,
     ) -> tuple[Tensor, ActivationCache]:  # fmt: skip
         """`run_with_cache`'s logits (or residual stream) and cache, before TransformerLens' output shaping."""
         device = check_device(device)
@@ -338,7 +339,8 @@ class Running:
         if incl_bwd:
             store = CacheWriter(device, pos_slice)
             fwd = [(n, store.hook) for n in names]
-            with self.hooks(fwd_hooks=fwd, bwd_hooks=[(n, store.grad_hook) for n in names], read_only=True):
+            bwd = [(n, store.grad_hook) for n in names]
+            with self.hooks(fwd_hooks=fwd, bwd_hooks=bwd, read_only=True, reset_hooks_end=reset_hooks_end):
                 logits = self.forward_tokens(tokens, mask, stop_at_layer=stop_at_layer)
                 if metric is None and stop_at_layer is not None:
                     raise ValueError(
@@ -359,7 +361,9 @@ class Running:
                 target.reshape(()).backward()
             logits, tensors = logits.detach(), store.tensors
         else:
-            logits, tensors = self.cache_forward(tokens, mask, names, device, pos_slice, stop_at_layer=stop_at_layer)
+            logits, tensors = self.cache_forward(
+                tokens, mask, names, device, pos_slice, stop_at_layer=stop_at_layer, reset_hooks_end=reset_hooks_end
+            )
         cache = ActivationCache(tensors, self, attention_mask=mask.to(device or mask.device))
         return logits, (cache.remove_batch_dim() if remove_batch_dim else cache)
 
@@ -375,6 +379,7 @@ class Running:
         tokens: Tensor | None,
         attention_mask: Tensor | None,
         stop_at_layer: int | None,
+        reset_hooks_end: bool = True,
     ) -> tuple[Any, ActivationCache]:
         """``run_with_cache(residual, start_at_layer=K)``: `forward`'s resumed run with caching hooks; the
         blocks before ``K`` (run on a placeholder) and the embeddings fire no hook, so they are not cached."""
@@ -384,7 +389,7 @@ class Running:
         store = CacheWriter(device, pos_slice)
         caching = [(n, store.hook) for n in self.names_matching(names_filter)]
         resume = dict(start_at_layer=start_at_layer, stop_at_layer=stop_at_layer, tokens=tokens)
-        with torch.no_grad(), self.hooks(fwd_hooks=caching, read_only=True):
+        with torch.no_grad(), self.hooks(fwd_hooks=caching, read_only=True, reset_hooks_end=reset_hooks_end):
             out = self(residual, attention_mask=attention_mask, return_type=return_type,
                        loss_per_token=loss_per_token, **resume)  # fmt: skip
         mask = attention_mask if attention_mask is not None else torch.ones(residual.shape[:2], dtype=torch.long)

@@ -98,7 +98,7 @@ def direct_logit_attribution(
     ``answer_tokens`` / ``incorrect_tokens``: a one-token string or an id (every row), a sequence of them or a
     ``[batch]`` tensor (one per row), or ``[batch, pos]`` ids for the selected positions. ``pos``: the positions
     (default the last; a batch of strings is left-padded, so that is every row's last token), None keeps them
-    all. ``cache``: a cache of this model to read instead of running ``input``. Components and heads sum to
+    all. ``cache``: a cache of this model to read (``input`` is then not run). Components and heads sum to
     ``logit - model.b_U[token]`` (see the module docstring); no `enable_compatibility_mode()` is needed.
 
     Example:
@@ -250,7 +250,7 @@ def _check_readout(
     bias = b_U(model).detach().float().to(selected.device)
     cap = getattr(model.hf_model.config, "final_logit_softcapping", None)
     spread = (selected - selected.mean(-1, keepdim=True)).abs().amax(-1)
-    tol = 1e-3 if final.dtype == torch.float64 or logits.dtype == torch.float32 else 3e-2
+    tol = 3e-2 if logits.dtype in (torch.float16, torch.bfloat16) else 1e-3  # half precision: its rounding
     for ids in (answer, incorrect) if incorrect is not None else (answer,):
         ids = ids.expand(selected.shape[:-1]).to(selected.device)
         ours = cache.logit_attrs(final[None], ids, pos_slice=pos, has_batch_dim=cache.has_batch_dim)[0]
