@@ -54,9 +54,14 @@ class HookContext:
     def from_mask(
         attention_mask: Tensor, phase: Phase = "forward", step: int = 0, n_prompt: Tensor | None = None
     ) -> "HookContext":
-        """Context for a whole (left-padded) sequence given its 0/1 attention mask."""
+        """Context for a whole sequence given its 0/1 attention mask. A row with padding before a real token
+        counts positions from its first real token (``cumsum(mask) - 1``, 0 on the padding before it); every
+        other row (unpadded, right-padded, all padding) keeps HF's default positions ``0 .. pos - 1``."""
         real = attention_mask.bool()
-        positions = (real.long().cumsum(-1) - 1).clamp_min(0)
+        derived = (real.long().cumsum(-1) - 1).clamp_min(0)
+        default = torch.arange(real.shape[-1], device=real.device)
+        shifted = ((derived != default) & real).any(-1, keepdim=True)
+        positions = torch.where(shifted, derived, default)
         if n_prompt is None:
             generated = torch.zeros_like(real)
         else:

@@ -23,7 +23,7 @@ from .checks import ArgumentIndexError, check_device, describe
 from .config import BridgeConfig, bridge_config
 from .distributed import attach_shard_specs, check_tensor_parallel, full_param, input_device, tp_mesh
 from .hook_points import HookContext, HookPoint, HookRegistry
-from .inputs import PaddingSide, check_attention_mask, left_padding_mask
+from .inputs import PaddingSide, check_attention_mask, left_padding_mask, mask_for_implementation
 from .layers import StopForward, check_layer, start_at, stop_before
 from .running import Input, NamesFilter, Running
 from .sites import arm_sites, build_sites, check_sites, disarm_sites, get_module
@@ -376,12 +376,16 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         start_at_layer: int | None = None,
         residual: Float[Tensor, "batch pos d_model"] | None = None,
         explicit_positions: bool = False,
+        mask_4d: Tensor | None = None,
         **hf_kwargs: Any,
     ) -> Any:
         """Logits for prepared tokens (see `prepare_input`); what `forward` and every caching run call.
 
-        Padding positions (``cumsum(mask) - 1``) and the mask are passed only when ``mask`` has zeros,
-        so an unpadded batch takes HF's own path. ``ctx`` defaults to a plain-forward context.
+        The mask is passed only when it has zeros, and positions (``ctx.positions``: ``cumsum(mask) - 1`` in
+        rows with padding before a real token) only when some row has such padding, so an unpadded or
+        right-padded batch takes HF's own path. ``ctx`` defaults to a plain-forward context. ``mask_4d``: a
+        4-D mask (`inputs.split_4d_mask`, ``mask`` its token mask) handed to HF in place of ``mask``, with
+        HF's default positions unless ``explicit_positions``.
         ``stop_at_layer=L`` returns the residual stream entering block ``L`` (``n_layers``: before
         the final norm) without computing the rest; ``start_at_layer=K`` feeds ``residual`` into
         block ``K``. With ``hf_kwargs`` (``output_hidden_states``) HF's output object is returned.
@@ -389,7 +393,18 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         """
         ctx = ctx or HookContext.from_mask(mask)
         padded = not bool(mask.all())
-        positions = ctx.positions if padded or explicit_positions else None
+        derives = self.adapter.positions_from_mask  # OPT reads positions off a 2-D mask (not off a 4-D one)
+        if explicit_positions or (mask_4d is not None and derives):
+            positions = ctx.positions
+        elif mask_4d is None and padded and not derives:  # rows without padding before a real token: HF's own
+            default = torch.arange(mask.shape[-1], device=ctx.positions.device)
+            positions = ctx.positions if bool((ctx.positions != default).any()) else None
+        else:
+            positions = None
+        if mask_4d is not None:
+            hf_mask = mask_for_implementation(mask_4d, self.hf_model.config._attn_implementation, self.cfg.dtype)
+        else:
+            hf_mask = mask if padded else None
         n = self.cfg.n_layers
         blocks = get_module(self.hf_model, self.adapter.blocks)
         with contextlib.ExitStack() as stack:
@@ -407,7 +422,7 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
                 stack.enter_context(self._starting_at(start))
             try:
                 out = self.run_model(
-                    tokens, mask if padded else None, ctx, position_ids=positions, logits_to_keep=logits_to_keep,
+                    tokens, hf_mask, ctx, position_ids=positions, logits_to_keep=logits_to_keep,
                     **hf_kwargs,
                 )  # fmt: skip
             except StopForward as stopped:

@@ -130,3 +130,50 @@ def check_attention_mask(mask: Any, shape: torch.Size, left_padded: bool = False
             "padding before its tokens (right padding is moved there for you; padding between tokens is refused)."
         )
     return mask.long()
+
+
+def split_4d_mask(mask: Tensor, shape: torch.Size) -> tuple[Int[Tensor, "batch pos"], Tensor]:
+    """``(token mask [batch, pos], the mask)`` for a 4-D attention mask ``[batch or 1, 1, pos, pos]``, which
+    HF takes as the whole attention pattern (no causal mask is added to it): a bool mask keeps ``True``
+    (HF's own masks and SDPA's convention), a float mask is added to the attention scores (0 attends, a
+    large negative number blocks). A token is real when it attends to itself (a float entry of -1 or more,
+    TransformerLens' rule); the token mask gives the loss and ``hook.ctx.padding``.
+
+    Example:
+        >>> keep = torch.ones(4, 4, dtype=torch.bool).tril()[None, None]
+        >>> split_4d_mask(keep, torch.Size([1, 4]))[0]
+        tensor([[1, 1, 1, 1]])
+    """
+    batch, pos = shape
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(
+            f"A 4-D `attention_mask` must be bool (True attends) or float (added to the scores), got dtype "
+            f"{mask.dtype}; a 0/1 integer mask is 2-D [batch, pos]."
+        )
+    if mask.shape[0] not in (1, batch) or mask.shape[1] != 1 or tuple(mask.shape[2:]) != (pos, pos):
+        raise ValueError(
+            f"A 4-D `attention_mask` must have shape [{batch} or 1, 1, {pos}, {pos}] (batch, heads broadcast, query "
+            f"positions, key positions: the whole pattern, HF adds no causal mask to it), got {tuple(mask.shape)}."
+        )
+    diagonal = mask[:, 0].diagonal(dim1=-2, dim2=-1)
+    real = diagonal if mask.dtype == torch.bool else diagonal >= -1.0
+    return real.long().expand(batch, pos), mask
+
+
+def mask_for_implementation(mask: Tensor, implementation: str | None, dtype: torch.dtype) -> Tensor:
+    """A 4-D mask in the form HF's own mask function makes for ``implementation``: SDPA takes a bool mask
+    as it is; eager attention adds its mask to the scores, so a bool mask becomes 0 / the dtype's minimum
+    (HF's ``eager_mask``). Other implementations (flash, flex) take no 4-D mask and are refused.
+
+    Example:
+        >>> mask_for_implementation(torch.tensor([True, False]), "eager", torch.float32)
+        tensor([ 0.0000e+00, -3.4028e+38])
+    """
+    if implementation not in ("eager", "sdpa", None):
+        raise ValueError(
+            f"A 4-D `attention_mask` runs with attention implementation 'eager' or 'sdpa'; this model uses "
+            f"{implementation!r}. Load it with `attn_implementation='sdpa'`, or give a 2-D mask."
+        )
+    if mask.dtype != torch.bool or implementation == "sdpa":
+        return mask
+    return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device), torch.finfo(dtype).min)

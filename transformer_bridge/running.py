@@ -22,8 +22,9 @@ from .caching import CacheWriter, next_token_loss, next_token_losses
 from .checks import check_bool, check_device, describe, suggest_keywords
 from .distributed import input_device
 from .hook_points import HookContext, NameOrFilter
-from .inputs import PaddingSide, check_attention_mask
+from .inputs import PaddingSide, check_attention_mask, split_4d_mask
 from .names import NameFilter
+from .utils.lm import labelled_loss, lm_cross_entropy_loss
 
 Input = str | Sequence[str] | Tensor
 NamesFilter = NameFilter
@@ -59,6 +60,7 @@ class Running:
         past_key_values: Cache | None = None,
         past_kv_cache: Any = None,
         use_cache: bool | None = None,
+        labels: Int[Tensor, "batch pos"] | None = None,
     ) -> Any:
         """Logits ``[batch, pos, d_vocab]``, TransformerLens' ``forward`` with HF's keywords too.
 
@@ -80,7 +82,10 @@ class Running:
         next token ids and an ``attention_mask`` over past and new tokens runs one cached step (the cache grows
         in place, as HF's does), positions counted from the mask: the logits of the whole sequence's last rows.
         ``use_cache`` (HF's keyword) is accepted: a cached step is one with ``past_key_values``; without it the
-        logits are the same either way.
+        logits are the same either way. ``attention_mask`` may also be 4-D ``[batch, 1, pos, pos]``, HF's custom
+        mask (the whole attention pattern, no causal mask added; bool: True attends, float: added to the scores;
+        `inputs.split_4d_mask`), run with HF's default positions. ``labels`` (HF's keyword, the tokens' shape)
+        are the loss targets in place of the tokens: ``labels[:, p]`` is predicted at ``p - 1``; -100 is ignored.
 
         Example:
             >>> logits = model("The capital of France is")
@@ -126,8 +131,18 @@ class Running:
                 input = torch.zeros(residual.shape[:2], dtype=torch.long, device=residual.device)
         if input is None:
             raise TypeError("forward() needs `input` (text or token ids) or `input_ids`.")
-        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side)
+        mask_4d = None
+        if isinstance(attention_mask, Tensor) and attention_mask.dim() == 4:
+            tokens, mask, mask_4d = self._tokens_with_4d_mask(input, attention_mask, prepend_bos)
+        else:
+            tokens, mask = self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side)
         ctx = None
+        if labels is not None and (not isinstance(labels, Tensor) or labels.shape != tokens.shape
+                                   or labels.is_floating_point()):  # fmt: skip
+            raise ValueError(
+                f"`labels` must be an integer tensor of the tokens' shape {tuple(tokens.shape)} (-100: ignored), "
+                f"got {describe(labels)}."
+            )
         if position_ids is not None:
             if (
                 not isinstance(position_ids, Tensor)
@@ -140,6 +155,9 @@ class Running:
                 )
             position_ids = position_ids.to(tokens.device)
             ctx = dataclasses.replace(HookContext.from_mask(mask), positions=position_ids)
+        elif mask_4d is not None:  # HF's default positions: a 4-D mask says nothing about them
+            default = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape)
+            ctx = dataclasses.replace(HookContext.from_mask(mask), positions=default)
         hf_kwargs = {"output_hidden_states": True} if output_hidden_states else {}
         patterns: dict[str, Tensor] = {}
         with contextlib.ExitStack() as stack:
@@ -149,7 +167,7 @@ class Running:
                 patterns = keep.tensors
             out = self.forward_tokens(
                 tokens, mask, ctx, stop_at_layer=stop_at_layer, start_at_layer=start_at_layer, residual=residual,
-                explicit_positions=position_ids is not None, **hf_kwargs,
+                explicit_positions=position_ids is not None, mask_4d=mask_4d, **hf_kwargs,
             )  # fmt: skip
         if stop_at_layer is not None or return_type is None:
             return None if return_type is None and stop_at_layer is None else out
@@ -161,8 +179,44 @@ class Running:
         logits = out
         if return_type == "logits":
             return logits
-        loss = next_token_losses(logits, tokens, mask) if loss_per_token else next_token_loss(logits, tokens, mask)
+        if labels is not None:
+            loss = labelled_loss(logits, labels.to(logits.device), mask.to(logits.device), loss_per_token)
+        elif loss_per_token:
+            loss = next_token_losses(logits, tokens, mask)
+        else:
+            loss = next_token_loss(logits, tokens, mask)
         return loss if return_type == "loss" else (logits, loss)
+
+    def loss_fn(
+        self,
+        logits: Float[Tensor, "batch pos d_vocab"],
+        tokens: Int[Tensor, "batch pos"],
+        attention_mask: Tensor | None = None,
+        per_token: bool = False,
+    ) -> Float[Tensor, ""] | Float[Tensor, "batch pos_minus_1"]:
+        """TransformerLens' ``loss_fn``: next-token cross-entropy of ``logits`` on ``tokens``, counting only
+        predictions between real tokens of ``attention_mask`` (2-D 0/1, or the 4-D mask given to `forward`,
+        read by `inputs.split_4d_mask`); ``per_token``: ``[batch, pos - 1]``, 0 where masked.
+
+        Example:
+            >>> tokens = model.to_tokens("Hello world")
+            >>> loss = model.loss_fn(model(tokens), tokens)
+        """
+        if isinstance(attention_mask, Tensor) and attention_mask.dim() == 4:
+            attention_mask = split_4d_mask(attention_mask.to(tokens.device), tokens.shape)[0]
+        return lm_cross_entropy_loss(logits, tokens, attention_mask, per_token)
+
+    def _tokens_with_4d_mask(
+        self, input: Input, attention_mask: Tensor, prepend_bos: bool | None
+    ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"], Tensor]:
+        """``(tokens, token mask, 4-D mask)`` for token ids given with a 4-D mask (`inputs.split_4d_mask`)."""
+        if self.adapter.has_mixers:
+            raise ValueError("A 4-D `attention_mask` shapes attention; state-space layers here take a 2-D mask.")
+        if isinstance(input, str) or (isinstance(input, (list, tuple)) and input and isinstance(input[0], str)):
+            raise ValueError("A 4-D `attention_mask` goes with token ids, not text (text is padded for you).")
+        tokens, _ = self.prepare_input(input, None, prepend_bos, padding_side="right")  # ids as given
+        mask, mask_4d = split_4d_mask(attention_mask.to(tokens.device), tokens.shape)
+        return tokens, mask, mask_4d
 
     def _kv_forward(
         self, input: Input, attention_mask: Tensor | None, prepend_bos: bool | None, past: Cache | None,

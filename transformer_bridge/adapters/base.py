@@ -144,6 +144,8 @@ class Adapter:
             one module, two calls per forward). Its first call in a forward serves ``ln_embed.hook_scale`` /
             ``hook_normalized``, its second ``ln_final.*``; ``blocks.0.hook_resid_pre`` is the normalised
             embedding, so decompositions count it as the embedding.
+        positions_from_mask: the model derives positions from a 2-D attention mask itself (OPT), so a forward
+            passes it no ``position_ids`` and its logits are HF's at every position, padding included.
     """
 
     model_types: tuple[str, ...]
@@ -185,11 +187,18 @@ class Adapter:
     hybrid: SSM | None = None
     mla: bool = False
     embed_norm: bool = False
+    positions_from_mask: bool = False
     transformers: str = ""
 
     @property
     def gated(self) -> bool:
         return self.mlp_up is not None or self.fused_gate_up
+
+    @property
+    def bool_4d_mask_is_keep(self) -> bool:
+        """TransformerLens' flag for the meaning of a bool 4-D attention mask: True marks the pairs that attend,
+        HF's convention, in every family (`inputs.split_4d_mask`)."""
+        return True
 
     @property
     def has_mixers(self) -> bool:

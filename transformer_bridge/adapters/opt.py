@@ -21,4 +21,5 @@ OPT = Adapter(
     mlp_out="fc2",
     norm="layernorm",
     rotary=False,
+    positions_from_mask=True,
 )
