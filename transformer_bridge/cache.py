@@ -11,7 +11,6 @@ from torch import Tensor
 
 from . import cache_full, cache_io, cache_tl
 from .cache_io import CacheFileError
-from .checks import ArgumentValueError
 from .names import HookNames, NotCachedError, tl4_spelling
 from .pos_slice import PosSlice, check_pos_slice
 from .utils import get_act_name
@@ -127,27 +126,22 @@ class ActivationCache(Mapping[str, Tensor]):
         """
         return cache_full.apply_slice_to_batch_dim(self, batch_slice)
 
-    def remove_batch_dim(self) -> "ActivationCache":
+    def remove_batch_dim(self, batch_size: int | None = None) -> "ActivationCache":
         """Drop the batch dimension of a batch-1 cache, in place as TransformerLens does; returns the cache.
+
+        The batch size is ``batch_size`` when given, else the rows of the cache's attention mask (a run's
+        cache), else the most common leading size of its tensors; anything but 1 raises. Entries whose
+        leading size is not 1 (position-indexed or flattened ``[batch * pos, ...]`` ones) are kept as they are.
 
         Example:
             >>> _, cache = model.run_with_cache("Hi")
             >>> cache.remove_batch_dim()["resid_post", 0].shape   # [pos, d_model]; cache.has_batch_dim is False
         """
-        if not self.has_batch_dim:
-            return self
-        for name, t in self._tensors.items():
-            if t.shape[0] != 1:
-                raise ArgumentValueError(
-                    f"remove_batch_dim needs batch size 1, but {name!r} has batch size {t.shape[0]}."
-                )
-        squeezed: dict[int, Tensor] = {}
-        out = {k: squeezed.setdefault(id(t), t[0]) for k, t in self._tensors.items()}
-        self._tensors.clear()
-        self._tensors.update(out)
-        self.attention_mask = None if self.attention_mask is None else self.attention_mask[0]
-        self.has_batch_dim = False
-        return self
+        return cache_full.remove_batch_dim(self, batch_size)
+
+    def _batch_size(self) -> int:
+        """The number of rows (see `cache_full.batch_size`)."""
+        return cache_full.batch_size(self)
 
     # -- analysis -----------------------------------------------------------------------------
     def _need_model(self) -> CacheModel:

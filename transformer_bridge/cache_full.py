@@ -1,8 +1,9 @@
 """The rest of `ActivationCache`'s TransformerLens analysis: the biases before a layer, the full residual
-decomposition (every head, neuron, embedding, bias and edit), and batch slicing. Functions of a cache whose model
-is a bridge, exposed as cache methods; the residual stacks themselves are in `cache_tl`.
+decomposition (every head, neuron, embedding, bias and edit), and the batch axis (its size, slicing, removal).
+Functions of a cache whose model is a bridge, exposed as cache methods; the residual stacks are in `cache_tl`.
 """
 
+from collections import Counter
 from typing import Any
 
 import torch
@@ -10,6 +11,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from .cache_tl import Cache, acts_of, labels_of, mlp_reads_attn, model_of, project, resolve_layer
+from .checks import ArgumentValueError, check_int
 from .decompose import Group, component_groups, o_weight, stack_groups, sublayer_bias
 
 
@@ -61,29 +63,65 @@ def get_full_resid_decomposition(
     return project((stack, labels) if return_labels else stack, project_output_onto)
 
 
+def batch_size(cache: Cache) -> int:
+    """The cache's number of rows: its attention mask's when it has one (a run's cache), else the most common
+    leading size of its tensors (a cache built by hand, where broadcast ``[1, ...]`` or position-indexed entries
+    may sit next to the batched ones: TransformerLens' rule)."""
+    if cache.attention_mask is not None and cache.attention_mask.dim() == 2:
+        return cache.attention_mask.shape[0]
+    counts = Counter(t.shape[0] for t in cache.cache_dict.values() if t.dim() > 0)
+    return counts.most_common(1)[0][0] if counts else 1
+
+
+def remove_batch_dim(cache: Cache, rows: Any) -> Cache:
+    """Drop the batch axis of a batch-1 cache in place; see `ActivationCache.remove_batch_dim`."""
+    if not cache.has_batch_dim:
+        return cache
+    if rows is None:
+        rows, source = cache._batch_size(), _source(cache)
+    else:
+        rows, source = check_int("batch_size", rows, minimum=1), "`batch_size`"
+    if rows != 1:
+        raise ArgumentValueError(
+            f"remove_batch_dim needs a cache of batch size 1, but this cache has batch size {rows} ({source}); "
+            "take one row first with `apply_slice_to_batch_dim(i)`."
+        )
+    squeezed: dict[int, Tensor] = {}  # aliases of one tensor stay one tensor
+    out = {k: squeezed.setdefault(id(t), t[0] if t.dim() > 0 and t.shape[0] == 1 else t)
+           for k, t in cache.cache_dict.items()}  # fmt: skip
+    cache.cache_dict.clear()
+    cache.cache_dict.update(out)
+    cache.attention_mask = None if cache.attention_mask is None else cache.attention_mask[0]
+    cache.has_batch_dim = False
+    return cache
+
+
+def _source(cache: Cache) -> str:
+    if cache.attention_mask is not None:
+        return "the rows of its attention mask"
+    return "the most common leading size of its tensors; pass `batch_size=` when that is not the batch"
+
+
 def apply_slice_to_batch_dim(cache: Cache, batch_slice: Any) -> Cache:
     """The cache with ``batch_slice`` applied to every tensor's batch axis (an int drops the axis: the result has
-    no batch dimension); see `ActivationCache.apply_slice_to_batch_dim`."""
+    no batch dimension); see `ActivationCache.apply_slice_to_batch_dim`. A tensor whose leading size is not the
+    batch size (a broadcast ``[1, ...]`` entry in a larger batch) is kept as it is."""
     if not cache.has_batch_dim:
         if batch_slice is None:
             return cache
         raise ValueError("`batch_slice` needs a cache with a batch axis; this one has none (remove_batch_dim).")
-    mask = cache.attention_mask
-    rows = cache._select(torch.arange(mask.shape[0] if mask is not None else _batch(cache)), batch_slice, 0,
-                         "batch_slice")  # fmt: skip
+    size = cache._batch_size()
+    rows = cache._select(torch.arange(size), batch_slice, 0, "batch_slice")
     taken: dict[int, Tensor] = {}  # aliases of one tensor stay one tensor
     for t in cache.cache_dict.values():
         if id(t) not in taken:
-            taken[id(t)] = cache._select(t, batch_slice, 0, "batch_slice")
+            batched = t.dim() > 0 and t.shape[0] == size
+            taken[id(t)] = cache._select(t, batch_slice, 0, "batch_slice") if batched else t
     out = {k: taken[id(t)] for k, t in cache.cache_dict.items()}
-    lengths = cache.prompt_lengths
+    mask, lengths = cache.attention_mask, cache.prompt_lengths
     return cache._derive(
         out,
         attention_mask=None if mask is None else cache._select(mask, batch_slice, 0, "batch_slice"),
         prompt_lengths=None if lengths is None else cache._select(lengths, batch_slice, 0, "batch_slice"),
         has_batch_dim=rows.dim() > 0,
     )
-
-
-def _batch(cache: Cache) -> int:
-    return next(iter(cache.cache_dict.values())).shape[0]

@@ -19,7 +19,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .cache import ActivationCache, check_pos_slice
 from .caching import CacheWriter, next_token_loss, next_token_losses
-from .checks import check_bool, check_device, describe, suggest_keywords
+from .checks import ArgumentValueError, check_bool, check_device, describe, suggest_keywords
 from .distributed import input_device
 from .hook_points import HookContext, NameOrFilter
 from .inputs import PaddingSide, check_attention_mask, split_4d_mask
@@ -379,7 +379,7 @@ class Running:
         """`run_with_cache`'s logits (or residual stream) and cache, before TransformerLens' output shaping."""
         device = check_device(device)
         if remove_batch_dim and isinstance(input, (list, tuple)) and len(input) != 1:
-            raise ValueError("`remove_batch_dim=True` needs a batch of one; got a batch of several inputs.")
+            raise ArgumentValueError(f"`remove_batch_dim=True` needs a batch of one, got batch size {len(input)}.")
         if metric is not None and not incl_bwd:
             raise ValueError("`metric` is backpropagated only with `incl_bwd=True`; add it or drop `metric`.")
         if metric is not None and not callable(metric):
@@ -389,7 +389,7 @@ class Running:
         if pos_slice is not None:
             pos_slice = check_pos_slice(pos_slice, tokens.shape[1])
         if remove_batch_dim and tokens.shape[0] != 1:
-            raise ValueError(f"`remove_batch_dim=True` needs a batch of one, got batch {tokens.shape[0]}.")
+            raise ArgumentValueError(f"`remove_batch_dim=True` needs a batch of one, got batch size {tokens.shape[0]}.")
         if incl_bwd:
             store = CacheWriter(device, pos_slice)
             fwd = [(n, store.hook) for n in names]
@@ -419,7 +419,7 @@ class Running:
                 tokens, mask, names, device, pos_slice, stop_at_layer=stop_at_layer, reset_hooks_end=reset_hooks_end
             )
         cache = ActivationCache(tensors, self, attention_mask=mask.to(device or mask.device))
-        return logits, (cache.remove_batch_dim() if remove_batch_dim else cache)
+        return logits, (cache.remove_batch_dim(batch_size=tokens.shape[0]) if remove_batch_dim else cache)
 
     def _cache_from_layer(
         self,

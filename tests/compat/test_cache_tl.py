@@ -6,13 +6,14 @@ perturbed first (HF initialises biases to 0 and norm weights to 1, which would h
 """
 
 import ast
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import CONFIGS, FAMILIES, V, adapted_config, char_tokenizer, normalized_input, perturb_
 from transformers import AutoModelForCausalLM
 
-from transformer_bridge import TransformerBridge, utils
+from transformer_bridge import ActivationCache, TransformerBridge, utils
 from transformer_bridge.sites import get_module
 
 TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(3))
@@ -146,6 +147,65 @@ def test_stack_head_results_tl_args(run):
     assert labels == ["remainder"] and torch.equal(only[0], cache["resid_pre", 0])
     normed = cache.stack_head_results(1, incl_remainder=True, apply_ln=True)
     torch.testing.assert_close(normed.sum(0), normalized_input(model, cache, 1), **TOL)
+
+
+def test_layer_zero_and_negative_layers_of_neuron_stacks(run):
+    """The remainder fills the stack up to the residual entering ``layer``: at layer 0 the embeddings'
+    ``resid_pre[0]`` (``resid_mid[0]`` with ``mlp_input``); negative layers count from the end, so ``-2`` is
+    the input of the last block (TransformerLens 4.3 reads the final residual at 0 and refuses ``-2``)."""
+    model, cache = run
+    if any(f"blocks.{i}.mlp.hook_post" not in model.hook_dict for i in range(model.cfg.n_layers)):
+        pytest.skip("a mixture-of-experts block has no neurons")
+    only, labels = cache.stack_neuron_results(0, incl_remainder=True, return_labels=True)
+    assert labels == ["remainder"] and torch.equal(only[0], cache["resid_pre", 0])
+    mid = cache.stack_neuron_results(0, incl_remainder=True, mlp_input=True)
+    assert torch.equal(mid[0], resid_into(model, cache, 0, mlp_input=True))
+    last = model.cfg.n_layers - 1
+    for mlp_input in (False, True):
+        stack = cache.stack_neuron_results(-2, incl_remainder=True, mlp_input=mlp_input)
+        torch.testing.assert_close(stack.sum(0), resid_into(model, cache, last, mlp_input), **TOL)
+        assert torch.equal(stack, cache.stack_neuron_results(last, incl_remainder=True, mlp_input=mlp_input))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_layer_zero_stacks_follow_the_cache_dtype(dtype):
+    model = make("llama")
+    _, run_cache = model.run_with_cache(TOKENS)
+    cache = ActivationCache({k: v.to(dtype) for k, v in run_cache.cache_dict.items()}, model)
+    for empty in (cache.stack_head_results(0), cache.stack_neuron_results(0)):
+        assert empty.shape == (0, *TOKENS.shape, model.cfg.d_model) and empty.dtype == dtype
+    for direction in (torch.randn(model.cfg.d_model, dtype=dtype), torch.randn(model.cfg.d_model, 3, dtype=dtype)):
+        for apply_ln in (True, False):
+            zero, one = (cache.stack_neuron_results(layer, apply_ln=apply_ln, project_output_onto=direction)
+                         for layer in (0, 1))  # fmt: skip
+            assert zero.shape == (0, *one.shape[1:]) and zero.dtype == one.dtype  # float32 weights promote
+
+
+@pytest.mark.parametrize("near_zero", [False, True])
+def test_compute_head_results_float32_gradients_at_width(near_zero):
+    """Head results and their gradients for a duck-typed model at a wide ``d_model``, against per-head float64
+    matmuls with a fixed cotangent (near-cancelling columns with ``near_zero``)."""
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randn(1, 8, 8, 64, generator=gen, requires_grad=True)
+    w_o = torch.randn(8, 64, 1024, generator=gen, requires_grad=True)
+    grad_out = torch.randn(1, 8, 8, 1024, generator=gen)
+    if near_zero:
+        with torch.no_grad():
+            w_o[..., 1::2] = w_o[..., 0::2]
+        grad_out[..., 1::2] = -grad_out[..., 0::2] + 2**-16
+    duck = SimpleNamespace(
+        cfg=SimpleNamespace(n_layers=1, n_heads=8), blocks=[SimpleNamespace(attn=SimpleNamespace(W_O=w_o))]
+    )
+    cache = ActivationCache({"blocks.0.attn.hook_z": z}, duck)
+    cache.compute_head_results()
+    result = cache["blocks.0.attn.hook_result"]
+    ref_z, ref_w = z.detach().double().requires_grad_(), w_o.detach().double().requires_grad_()
+    expected = torch.stack([ref_z[..., h, :] @ ref_w[h] for h in range(8)], dim=-2)
+    torch.testing.assert_close(result.double(), expected.detach(), rtol=2e-5, atol=2e-4)
+    got = torch.autograd.grad(result, (z, w_o), grad_out)
+    want = torch.autograd.grad(expected, (ref_z, ref_w), grad_out.double())
+    torch.testing.assert_close(got[0].double(), want[0], rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(got[1].double(), want[1], rtol=2e-5, atol=2e-4)
 
 
 def test_accumulated_resid_labels_and_mlp_input(run):

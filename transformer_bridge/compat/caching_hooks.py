@@ -1,11 +1,12 @@
 """TransformerLens' caching-hook API (``HookedRootModule``): ``get_caching_hooks``, ``add_caching_hooks``
 and the deprecated ``cache_all`` / ``cache_some``.
 
-They fill a plain ``{name: tensor}`` dict while the model runs, for code that drives the forward itself
+They fill a ``{name: tensor}`` dict while the model runs, for code that drives the forward itself
 (``with model.hooks(fwd_hooks=hooks): model(tokens)``). `run_with_cache` is the one-call form and returns
-an `ActivationCache`. Tensors are stored detached, under the canonical hook name (``<name>_grad`` for
-gradients), optionally moved to ``device``, trimmed to ``pos_slice`` and without a batch axis of size 1
-(``remove_batch_dim``).
+an `ActivationCache`. Tensors are stored detached, once, under the canonical hook name (``<name>_grad`` for
+gradients), optionally moved to ``device``, trimmed to ``pos_slice`` and without a leading axis of size 1
+(``remove_batch_dim``). The dict is a `CachingDict`: TransformerLens 4's spellings of a point
+(``blocks.0.hook_in`` for ``blocks.0.hook_resid_pre``) look up its one entry instead of being stored again.
 """
 
 from collections.abc import Callable
@@ -15,9 +16,89 @@ import torch
 from torch import Tensor
 
 from ..cache import check_pos_slice
+from ..checks import ArgumentTypeError, check_bool, check_device, describe
 from ..hook_points import HookPoint
+from ..names import tl4_spelling
 
 HookPair = tuple[str, Callable[[Tensor, HookPoint], None]]
+
+
+class CachingDict(dict):
+    """The dict `get_caching_hooks` fills: keyed by canonical hook names, each tensor stored once.
+
+    A TransformerLens 4 spelling of a point reads its entry (``d["blocks.0.hook_out"]``, ``in``, ``get``);
+    iteration, ``len`` and ``keys()`` see the canonical names only. Writes go under the key given.
+
+    Example:
+        >>> d = CachingDict({"blocks.0.hook_resid_post": torch.zeros(1)})
+        >>> d["blocks.0.hook_out"] is d["blocks.0.hook_resid_post"], "blocks.0.hook_out" in d, len(d)
+        (True, True, 1)
+    """
+
+    def __missing__(self, key: Any) -> Tensor:
+        canonical = tl4_spelling(key) if isinstance(key, str) else key
+        if canonical != key and dict.__contains__(self, canonical):
+            return dict.__getitem__(self, canonical)
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or (isinstance(key, str) and dict.__contains__(self, tl4_spelling(key)))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """``self[key]`` (a TransformerLens 4 spelling included) if present, else ``default``."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+
+def caching_hooks(
+    model: Any,
+    names_filter: Any = None,
+    incl_bwd: bool = False,
+    device: Any = None,
+    remove_batch_dim: bool = False,
+    cache: dict | None = None,
+    pos_slice: Any = None,
+) -> tuple[dict, list[HookPair], list[HookPair]]:
+    """``(cache, fwd_hooks, bwd_hooks)`` over ``model``'s points ``names_filter`` selects; see
+    `TransformerBridge.get_caching_hooks`.
+
+    Example:
+        >>> cache, fwd, _ = caching_hooks(model, "resid_post")
+    """
+    for name, value in (("incl_bwd", incl_bwd), ("remove_batch_dim", remove_batch_dim)):
+        check_bool(name, value)
+    device = check_device(device)
+    cache = CachingDict() if cache is None else cache
+    if not isinstance(cache, dict):
+        raise ArgumentTypeError(f"`cache` must be a dict (or None for a new one), got {describe(cache)}.")
+    names = model.names_matching(names_filter)
+
+    def store(key: str, tensor: Tensor) -> None:
+        t = tensor.detach()
+        if pos_slice is not None:
+            t = at_positions(key, t, pos_slice)
+        # Per tensor: a hook cannot tell a batch axis from a flattened [batch * pos, ...] one, so only a
+        # leading 1 goes; a larger batch keeps every row (`run_with_cache` refuses it instead).
+        if remove_batch_dim and t.dim() > 0 and t.shape[0] == 1:
+            t = t[0]
+        cache[key] = t.to(device) if device is not None else t
+
+    fwd = [(n, lambda t, hook: store(hook.name, t)) for n in names]
+    bwd = [(n, lambda g, hook: store(hook.name + "_grad", g)) for n in names] if incl_bwd else []
+    return cache, fwd, bwd
+
+
+def hook_point(model: Any, hook_name: Any) -> HookPoint | None:
+    """``model``'s hook point called ``hook_name`` (canonical, a TransformerLens 4 spelling or a shorthand key),
+    None if it has none; see `TransformerBridge.get_hook_point`."""
+    if not isinstance(hook_name, (str, tuple)):
+        raise ArgumentTypeError(f"`hook_name` must be a hook name (a str), got {describe(hook_name)}.")
+    try:
+        return model.hook_dict[model.names.key(tl4_spelling(hook_name) if isinstance(hook_name, str) else hook_name)]
+    except KeyError:
+        return None
 
 
 def at_positions(name: str, t: Tensor, pos_slice: Any) -> Tensor:

@@ -15,10 +15,11 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from .. import cache_full
-from ..checks import ArgumentValueError, check_bool, check_device
+from ..checks import ArgumentValueError, check_bool
 from ..core import BridgeCore
+from ..hook_points import HookPoint
 from ..inputs import PaddingSide
-from .caching_hooks import HookPair, at_positions
+from .caching_hooks import HookPair, caching_hooks, hook_point
 from .circuits import CompositionScores, composition_scores, get_params, per_query_head
 from .components import Blocks, ComponentView, build_components
 from .factored import FactoredMatrix
@@ -341,7 +342,9 @@ class TransformerLensSurface:
         pos_slice: Any = None,
     ) -> tuple[dict, list[HookPair], list[HookPair]]:
         """``(cache, fwd_hooks, bwd_hooks)``: hooks that store each selected point's tensor into ``cache``
-        (a new dict unless given); ``bwd_hooks`` is empty unless ``incl_bwd``.
+        (a new `CachingDict` unless given: one entry per point, under its canonical name, that TransformerLens 4's
+        spellings such as ``blocks.0.hook_out`` also read); ``bwd_hooks`` is empty unless ``incl_bwd``.
+        ``remove_batch_dim`` drops a leading axis of size 1 from each tensor and keeps a larger batch whole.
 
         Example:
             >>> cache, fwd, _ = model.get_caching_hooks("resid_post")
@@ -349,25 +352,17 @@ class TransformerLensSurface:
             ...     model("Hello")
             >>> cache["blocks.0.hook_resid_post"].shape
         """
-        for name, value in (("incl_bwd", incl_bwd), ("remove_batch_dim", remove_batch_dim)):
-            check_bool(name, value)
-        device = check_device(device)
-        cache = {} if cache is None else cache
-        if not isinstance(cache, dict):
-            raise TypeError(f"`cache` must be a dict (or None for a new one), got {type(cache).__name__}.")
-        names = self.names_matching(names_filter)
+        return caching_hooks(self, names_filter, incl_bwd, device, remove_batch_dim, cache, pos_slice)
 
-        def store(key: str, tensor: Tensor) -> None:
-            t = tensor.detach()
-            if pos_slice is not None:
-                t = at_positions(key, t, pos_slice)
-            if remove_batch_dim and t.shape[0] == 1:
-                t = t[0]
-            cache[key] = t.to(device) if device is not None else t
+    def get_hook_point(self: BridgeCore, hook_name: str) -> HookPoint | None:
+        """The hook point called ``hook_name`` (a TransformerLens 4 spelling such as ``blocks.0.hook_out`` too);
+        None if there is none, as in TransformerLens.
 
-        fwd = [(n, lambda t, hook: store(hook.name, t)) for n in names]
-        bwd = [(n, lambda g, hook: store(hook.name + "_grad", g)) for n in names] if incl_bwd else []
-        return cache, fwd, bwd
+        Example:
+            >>> model.get_hook_point("blocks.0.hook_out") is model.hook_dict["blocks.0.hook_resid_post"]
+            True
+        """
+        return hook_point(self, hook_name)
 
     def add_caching_hooks(
         self: BridgeCore,
