@@ -4,7 +4,20 @@ tensor like the activation it replaces (shape, dtype, device)."""
 import inspect
 from collections.abc import Callable
 
+from jaxtyping import TypeCheckError
 from torch import Tensor
+
+
+class HookDirectionError(ValueError, TypeCheckError):
+    """A hook direction that is not one of those allowed. A `ValueError`; also the `TypeError` jaxtyping raises
+    for an argument outside its ``Literal`` annotation (what TransformerLens' type-checked signatures raise)."""
+
+
+def check_direction(dir: object, allowed: tuple[str, ...], param: str = "dir") -> None:
+    """``dir`` must be one of ``allowed`` (``"fwd"``, ``"bwd"``, and ``"both"`` where both directions make sense)."""
+    if not isinstance(dir, str) or dir not in allowed:
+        names = ", ".join(repr(a) for a in allowed[:-1]) + f" or {allowed[-1]!r}"
+        raise HookDirectionError(f"`{param}` must be {names}, got {dir!r}.")
 
 
 def _saved_for_backward(tensor: Tensor) -> bool:

@@ -6,24 +6,25 @@ computes it (a *site*), and that torch hook exists only while some point it serv
 registered. With nothing registered the HF model runs its own code, untouched.
 """
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Literal
+from types import MappingProxyType
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from .context import HookContext, PointContext
-from .hook_checks import _saved_for_backward, check_hook_fn, check_replacement
+from .hook_checks import HookDirectionError, _saved_for_backward, check_direction, check_hook_fn, check_replacement
+from .hook_entries import Direction, HookEntry, HookFn, HookHandle, by_direction, check_level, layer_of
 from .names import HookNames, LayerOutOfRangeError, NameFilter, NotCachedError, UnknownHookError
 
-Direction = Literal["fwd", "bwd"]
-HookFn = Callable[[Tensor, "HookPoint"], Tensor | None]
 NameOrFilter = NameFilter
 
 __all__ = [
     "HookContext",
+    "HookDirectionError",
+    "HookEntry",
     "HookHandle",
     "HookPoint",
     "HookRegistry",
@@ -53,9 +54,10 @@ class HookPoint:
         parts = (name or "").split(".")
         # Block index; model-level points before the blocks are -1, those after them are large.
         self.layer_index = int(parts[1]) if parts[0] == "blocks" else (-1 if parts[0].startswith("hook_") else 1 << 30)
-        self.fwd_hooks: list[_Entry] = []
-        self.bwd_hooks: list[_Entry] = []
+        self.fwd_hooks: list[HookEntry] = []
+        self.bwd_hooks: list[HookEntry] = []
         self._ctx = PointContext(self)
+        self.hook_conversion: Any = None  # see `enable_reshape`
         # Set on points a tensor-parallel plan splits (`distributed.ShardSpec`): their hooks see the gathered tensor.
         self.shard = None
         if owner is None:  # TransformerLens' standalone `HookPoint()`: its own registry; calling it runs the hooks
@@ -85,18 +87,31 @@ class HookPoint:
 
     # -- TransformerLens' HookPoint methods ------------------------------------------------
     def add_hook(
-        self, hook: "HookFn", dir: Direction = "fwd", is_permanent: bool = False, level: int | None = None,
-        prepend: bool = False,
-    ) -> "HookHandle":  # fmt: skip
-        """Register ``hook`` on this point (see `HookRegistry.add_hook`).
+        self, hook: HookFn, dir: Direction = "fwd", is_permanent: bool = False, level: int | None = None,
+        prepend: bool = False, alias_names: Sequence[str] | None = None,
+    ) -> HookEntry:  # fmt: skip
+        """Register ``hook`` on this point (see `HookRegistry.add_hook`) and return its entry, the one listed
+        in ``fwd_hooks`` / ``bwd_hooks`` (``entry.remove()`` unregisters it).
+
+        ``alias_names`` (TransformerLens): call ``hook`` once per name, with a ``hook`` whose ``.name`` is
+        that name; a tensor one call returns is what the next call sees, and the last one returned is kept.
 
         Example:
-            >>> model.blocks[0].attn.hook_pattern.add_hook(lambda p, hook: p * 0)
+            >>> entry = model.blocks[0].attn.hook_pattern.add_hook(lambda p, hook: p * 0)
+            >>> entry.remove()
         """
-        name = self.name if self._owner.hook_dict.get(self.name) is self else ""  # "": a standalone point's key
-        return self._owner.add_hook(name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
+        check_direction(dir, ("fwd", "bwd"))
+        check_hook_fn(hook)
+        check_level(level)
+        if alias_names is not None:
+            if isinstance(alias_names, str) or not all(isinstance(a, str) for a in alias_names):
+                raise TypeError(f"`alias_names` must be a list of hook names (str), got {alias_names!r}.")
+            alias_names = tuple(alias_names)
+        entry = HookEntry(hook, self, dir, bool(is_permanent), level=level, aliases=alias_names)
+        self._owner._add([entry], prepend)
+        return entry
 
-    def add_perma_hook(self, hook: "HookFn", dir: Direction = "fwd") -> "HookHandle":
+    def add_perma_hook(self, hook: HookFn, dir: Direction = "fwd") -> HookEntry:
         """Register a hook that `reset_hooks` keeps (``including_permanent=True`` removes it)."""
         return self.add_hook(hook, dir=dir, is_permanent=True)
 
@@ -104,8 +119,8 @@ class HookPoint:
                      level: int | None = None) -> None:  # fmt: skip
         """Remove this point's hooks in direction ``dir`` (permanent ones only if asked; only those added at
         ``level`` if given)."""
-        _check_level(level)
-        entries = _by_direction(self, dir)
+        check_level(level)
+        entries = by_direction(self, dir)
         self._owner._remove_entries(e for e in entries if (including_permanent or not e.permanent)
                                     and (level is None or e.level == level))  # fmt: skip
 
@@ -119,10 +134,10 @@ class HookPoint:
             >>> with model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", fn)]):
             ...     assert model.blocks[0].hook_resid_post.has_hooks(level=model.context_level)
         """
-        _check_level(level)
+        check_level(level)
         return any(
             (including_permanent or not e.permanent) and (level is None or e.level == level)
-            for e in _by_direction(self, dir)
+            for e in by_direction(self, dir)
         )
 
     @property
@@ -132,10 +147,30 @@ class HookPoint:
 
     def layer(self) -> int:
         """Block index of this point; raises `ValueError` for points outside the blocks."""
-        parts = self.name.split(".")
-        if parts[0] != "blocks":
-            raise ValueError(f"Hook point {self.name!r} is not inside a block, so it has no layer index.")
-        return int(parts[1])
+        return layer_of(self.name)
+
+    def enable_reshape(self, hook_conversion: Any = None) -> None:
+        """TransformerLens: let this point's functions see ``hook_conversion.convert(x)`` instead of ``x``; a
+        tensor a function returns goes through ``hook_conversion.revert`` before it replaces ``x`` (None: no
+        conversion, the default). Each function (forward or backward) gets the conversion of the tensor as
+        the functions before it left it; an in-place edit reaches the model only where ``convert`` returns a
+        view.
+
+        Example:
+            >>> class Heads:   # [batch, pos, d_model] <-> [batch, pos, head, d_head]
+            ...     def convert(self, x): return x.unflatten(-1, (4, -1))
+            ...     def revert(self, x): return x.flatten(-2)
+            >>> point = HookPoint()
+            >>> point.enable_reshape(Heads())
+        """
+        if hook_conversion is not None and not all(
+            callable(getattr(hook_conversion, m, None)) for m in ("convert", "revert")
+        ):
+            raise TypeError(
+                "`hook_conversion` must be None or have `convert(tensor)` and `revert(tensor)` methods, got "
+                f"{type(hook_conversion).__name__}."
+            )
+        self.hook_conversion = hook_conversion
 
     def __call__(self, tensor: Tensor) -> Tensor:
         """Run the point's hooks on ``tensor``, as calling TransformerLens' identity `HookPoint` module does:
@@ -166,9 +201,10 @@ class HookPoint:
         start = self._owner.start_layer
         if start is not None and self.layer_index < start:
             return tensor  # a layer before `start_at_layer`: it runs on a placeholder input
+        conversion = self.hook_conversion
         for entry in list(self.fwd_hooks):
             if entry.read_only:
-                entry.fn(tensor, self)
+                entry(tensor if conversion is None else conversion.convert(tensor))
                 continue
             shown = tensor
             if tensor.requires_grad and torch.is_grad_enabled() and _saved_for_backward(tensor):
@@ -178,14 +214,17 @@ class HookPoint:
             inference = not torch.compiler.is_compiling() and shown.is_inference()
             # Inference tensors have no version counter: compare with a snapshot instead.
             before = shown.clone() if inference else shown._version
-            out = entry.fn(shown, self)
-            if out is None or out is shown:
+            seen = shown if conversion is None else conversion.convert(shown)
+            out = entry(seen)
+            if out is None or (out is seen and conversion is None):
                 changed = not torch.equal(before, shown) if inference else shown._version != before
                 # A copy the hook asked to keep the gradient of (``x.retain_grad()``) must be on the path.
                 changed = changed or (shown is not tensor and shown.retains_grad)
                 if changed:  # a new object tells the site to write the edit back
                     tensor = shown if shown is not tensor else shown.view_as(shown)
                 continue
+            if conversion is not None:
+                out = conversion.revert(out)
             check_replacement(out, shown, entry.fn, self.name)
             tensor = out
         if self.bwd_hooks and tensor.requires_grad:
@@ -195,70 +234,18 @@ class HookPoint:
         return tensor
 
     def _run_bwd(self, grad: Tensor) -> Tensor | None:
+        conversion = self.hook_conversion
         for entry in list(self.bwd_hooks):
-            out = entry.fn(grad, self)
+            seen = grad if conversion is None else conversion.convert(grad)
+            out = entry(seen)
             if isinstance(out, tuple) and len(out) == 1:  # TransformerLens' torch-style ``(grad,)``
                 out = out[0]
+            if out is not None and conversion is not None:
+                out = conversion.revert(out)
             if out is not None and out is not grad:
-                check_replacement(out, grad, entry.fn, self.name + " (backward)")
+                check_replacement(out, grad, entry.fn, f"{self.name} (backward)")
                 grad = out
         return grad
-
-
-def _by_direction(point: HookPoint, dir: str) -> list["_Entry"]:
-    if dir not in ("fwd", "bwd", "both"):
-        raise ValueError(f"`dir` must be 'fwd', 'bwd' or 'both', got {dir!r}.")
-    return [*(point.fwd_hooks if dir != "bwd" else []), *(point.bwd_hooks if dir != "fwd" else [])]
-
-
-def _check_level(level: object) -> None:
-    """TransformerLens' hook level: None, or the int ``context_level`` a hook was added at."""
-    if level is not None and (isinstance(level, bool) or not isinstance(level, int)):
-        raise TypeError(f"`level` must be an int (a `context_level`) or None, got {type(level).__name__} {level!r}.")
-
-
-@dataclass(eq=False)
-class _Entry:
-    fn: HookFn
-    point: HookPoint
-    dir: Direction
-    permanent: bool
-    read_only: bool = False
-    level: int | None = None  # the `context_level` it was added at (TransformerLens' hook levels)
-
-    @property
-    def hooks(self) -> list["_Entry"]:
-        return self.point.fwd_hooks if self.dir == "fwd" else self.point.bwd_hooks
-
-    # TransformerLens' `LensHandle` fields, for code that inspects ``hook_point.fwd_hooks``.
-    @property
-    def is_permanent(self) -> bool:
-        return self.permanent
-
-    @property
-    def context_level(self) -> int | None:
-        return self.level
-
-    @property
-    def user_hook(self) -> HookFn:
-        return self.fn
-
-    @property
-    def hook(self) -> "HookHandle":
-        """A handle whose ``remove()`` unregisters this function (TransformerLens' ``LensHandle.hook``)."""
-        return HookHandle(self.point._owner, [self])
-
-
-@dataclass(eq=False)
-class HookHandle:
-    """Returned by `add_hook`; ``handle.remove()`` unregisters exactly that function."""
-
-    _registry: "HookRegistry"
-    _entries: list[_Entry] = field(default_factory=list)
-
-    def remove(self) -> None:
-        entries, self._entries = self._entries, []
-        self._registry._remove_entries(entries)
 
 
 class HookRegistry:
@@ -313,13 +300,16 @@ class HookRegistry:
             >>> h = model.add_hook("blocks.0.hook_resid_post", lambda x, hook: x * 0)
             >>> h.remove()
         """
-        if dir not in ("fwd", "bwd"):
-            raise ValueError(f"`dir` must be 'fwd' or 'bwd', got {dir!r}.")
+        check_direction(dir, ("fwd", "bwd"))
         check_hook_fn(hook)
-        _check_level(level)
+        check_level(level)
         points = self.resolve(name)
-        entries = [_Entry(hook, point, dir, bool(is_permanent), read_only, level) for point in points]
-        done: list[_Entry] = []
+        entries = [HookEntry(hook, point, dir, bool(is_permanent), read_only, level) for point in points]
+        self._add(entries, prepend)
+        return HookHandle(self, entries)
+
+    def _add(self, entries: list[HookEntry], prepend: bool) -> None:
+        done: list[HookEntry] = []
         try:
             for entry in entries:
                 if prepend:
@@ -331,21 +321,24 @@ class HookRegistry:
         except BaseException:
             self._undo_add(done)
             raise
-        return HookHandle(self, entries)
 
-    def _undo_add(self, entries: list[_Entry]) -> None:
+    def _undo_add(self, entries: list[HookEntry]) -> None:
         for entry in entries:
             if entry in entry.hooks:
                 entry.hooks.remove(entry)
         for entry in entries:
             self._sync(entry.point)
 
-    def _remove_entries(self, entries: Iterable[_Entry]) -> None:
-        """Remove ``entries``; every one is removed even if syncing one fails (then it is retried)."""
+    def _remove_entries(self, entries: Iterable[HookEntry]) -> None:
+        """Remove ``entries``; every one is removed even if syncing one fails (then it is retried).
+
+        A point's list is replaced, not edited (as TransformerLens' ``remove_hooks`` does), so code that
+        holds the old list (a teardown looping over ``fwd_hooks``) can still edit it without effect."""
         entries = list(entries)
-        for entry in entries:
-            if entry in entry.hooks:
-                entry.hooks.remove(entry)
+        gone = set(map(id, entries))
+        for point in dict.fromkeys(e.point for e in entries):
+            point.fwd_hooks = [e for e in point.fwd_hooks if id(e) not in gone]
+            point.bwd_hooks = [e for e in point.bwd_hooks if id(e) not in gone]
         error: BaseException | None = None
         for point in dict.fromkeys(e.point for e in entries):
             try:
@@ -367,11 +360,12 @@ class HookRegistry:
         """Remove all non-permanent hooks (and permanent ones if ``including_permanent``; only those added
         at ``level`` if given), as TransformerLens' ``reset_hooks``; ``clear_contexts`` also empties every
         ``hook.ctx``."""
-        _check_level(level)
+        check_level(level)
+        check_direction(direction, ("fwd", "bwd", "both"), "direction")
         entries = [
             entry
             for point in self.hook_dict.values()
-            for entry in _by_direction(point, direction)
+            for entry in by_direction(point, direction)
             if (including_permanent or not entry.permanent) and (level is None or entry.level == level)
         ]
         self._remove_entries(entries)
@@ -408,12 +402,17 @@ class HookRegistry:
         """Every hook point, in canonical order."""
         return list(self.hook_dict.values())
 
+    @property
+    def _hook_registry(self) -> Mapping[str, HookPoint]:
+        """TransformerLens' ``{name: HookPoint}`` of every point: a read-only view of `hook_dict`."""
+        return MappingProxyType(self.hook_dict)
+
     def list_hooks(
         self,
         name_filter: NameFilter = None,
         dir: Direction | Literal["both"] = "both",
         including_permanent: bool = True,
-    ) -> dict[str, list["_Entry"]]:
+    ) -> dict[str, list[HookEntry]]:
         """TransformerLens' ``list_hooks``: ``{point name: its hook entries}`` for the points ``name_filter``
         selects (None: all) that have hooks; each entry has ``.user_hook``, ``.is_permanent``, ``.context_level``.
 
@@ -431,7 +430,7 @@ class HookRegistry:
             names = [n for n in points if n in keep] if exact else self.names.select(name_filter, "name_filter")
         out = {}
         for name in names:
-            entries = [e for e in _by_direction(points[name], dir) if including_permanent or not e.permanent]
+            entries = [e for e in by_direction(points[name], dir) if including_permanent or not e.permanent]
             if entries:
                 out[name] = entries
         return out

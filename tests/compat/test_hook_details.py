@@ -115,3 +115,182 @@ def test_transformer_lens_4_components_and_accessors(model):
     with pytest.raises(AssertionError, match="does not occur"):  # TransformerLens asserts; also a ValueError
         model.get_token_position(98, TOKENS[0, :3])
     assert model.list_hooks(lambda n: False) == {}
+
+
+def _torch_hook_count(model) -> int:
+    """The bridge's torch hooks on the HF model (HF installs output-capturing hooks of its own, counted apart)."""
+    hooks = [h for m in model.hf_model.modules() for h in [*m._forward_hooks.values(), *m._forward_pre_hooks.values()]]
+    return sum("output_capturing" not in getattr(h, "__qualname__", "") for h in hooks)
+
+
+def test_invalid_direction_is_a_value_error_and_a_type_check_error(model):
+    from jaxtyping import TypeCheckError
+
+    from transformer_bridge import HookPoint
+
+    point = model.hook_dict[POINT]
+    calls = [lambda: HookPoint().has_hooks(dir="invalid"), lambda: point.remove_hooks("up")]
+    calls += [lambda: model.add_hook(POINT, noop, dir="both"), lambda: model.reset_hooks(direction="x")]
+    for call in calls:
+        with pytest.raises(ValueError, match="must be 'fwd'") as info:
+            call()
+        assert isinstance(info.value, TypeCheckError)  # what TransformerLens' type-checked signatures raise
+    assert _torch_hook_count(model) == 0
+
+
+def test_add_hook_returns_the_listed_entry_and_removal_rebuilds_the_list(model):
+    point = model.hook_dict[POINT]
+    first = point.add_hook(noop)
+    prepended = point.add_hook(noop, prepend=True, level=3)
+    bwd = point.add_hook(noop, dir="bwd")
+    assert point.fwd_hooks == [prepended, first] and point.bwd_hooks == [bwd]
+    assert prepended.context_level == 3 and prepended.hook is prepended and prepended.user_hook is noop
+    # A TransformerLens teardown: remove through the handle, then from the list it read before.
+    held = point.fwd_hooks
+    for entry in list(held):
+        entry.hook.remove()
+        held.remove(entry)
+    assert point.fwd_hooks == [] and point.bwd_hooks == [bwd]
+    bwd.remove()
+    bwd.remove()  # idempotent
+    assert not point.has_hooks() and _torch_hook_count(model) == 0
+
+
+def test_alias_names_call_the_function_once_per_name_chaining_replacements():
+    from transformer_bridge import HookPoint
+
+    point, seen = HookPoint(), []
+
+    def selective(x, hook):
+        seen.append((hook.name, x.item()))
+        return x + 10 if hook.name == "replace" else None
+
+    point.add_hook(selective, alias_names=["replace", "observe"])
+    assert point(torch.tensor(1.0)).item() == 11.0 and seen == [("replace", 1.0), ("observe", 11.0)]
+    back, seen[:] = HookPoint(), []
+    back.add_hook(selective, dir="bwd", alias_names=["replace", "observe"])
+    x = torch.tensor(2.0, requires_grad=True)
+    (back(x) * 3).backward()
+    assert seen == [("replace", 3.0), ("observe", 13.0)] and x.grad.item() == 13.0  # d(3x)/dx = 3, then + 10
+    with pytest.raises(TypeError, match="alias_names"):
+        point.add_hook(noop, alias_names="replace")
+
+
+def test_alias_names_on_a_bridge_point_edit_like_a_plain_hook(model):
+    point, names = model.hook_dict[POINT], []
+
+    def double(x, hook):
+        names.append((hook.name, hook.layer(), hook.ctx.phase))
+        return 2 * x if hook.name == "blocks.1.alias" else None
+
+    entry = point.add_hook(double, alias_names=["blocks.1.alias", "blocks.0.other"])
+    try:
+        aliased = model(TOKENS)
+    finally:
+        entry.remove()
+    assert names == [("blocks.1.alias", 1, "forward"), ("blocks.0.other", 0, "forward")]
+    plain = model.run_with_hooks(TOKENS, fwd_hooks=[(POINT, lambda x, hook: 2 * x)])
+    torch.testing.assert_close(aliased, plain, atol=0, rtol=0)
+
+
+class _Halves:
+    """[..., d_model] <-> [..., 2, d_model / 2], a view both ways."""
+
+    def convert(self, x):
+        return x.unflatten(-1, (2, -1))
+
+    def revert(self, x):
+        return x.flatten(-2)
+
+
+class _Affine:
+    def convert(self, x):
+        return x * 2
+
+    def revert(self, x):
+        return x + 10
+
+
+def test_enable_reshape_converts_what_hooks_see_and_reverts_what_they_return(model):
+    from transformer_bridge import HookPoint
+
+    standalone = HookPoint()
+    standalone.enable_reshape(_Affine())
+    entry = standalone.add_hook(lambda x, hook: x + 1)
+    assert standalone(torch.tensor([1.0, 2.0])).tolist() == [13.0, 15.0]  # (2x + 1) + 10
+    entry.remove()
+    standalone.add_hook(noop)
+    x = torch.tensor([1.0, 2.0])
+    assert standalone(x) is x  # None: nothing reverted, nothing changed
+    standalone.enable_reshape(None)
+    assert standalone.hook_conversion is None
+    with pytest.raises(TypeError, match="hook_conversion"):
+        standalone.enable_reshape(object())
+
+    point, half = model.hook_dict[POINT], model.cfg.d_model // 2
+
+    def zero_first_half(x, hook):
+        x[..., :half] = 0
+
+    expected = model.run_with_hooks(TOKENS, fwd_hooks=[(POINT, zero_first_half)])
+
+    def zero_first_of_two(x, hook):
+        x[..., 0, :] = 0
+
+    point.enable_reshape(_Halves())
+    try:
+        in_place = model.run_with_hooks(TOKENS, fwd_hooks=[(POINT, zero_first_of_two)])
+        replaced = model.run_with_hooks(TOKENS, fwd_hooks=[(POINT, lambda x, hook: x * torch.tensor([[0.0], [1.0]]))])
+    finally:
+        point.enable_reshape(None)
+    torch.testing.assert_close(in_place, expected, atol=0, rtol=0)
+    torch.testing.assert_close(replaced, expected, atol=0, rtol=0)
+
+
+def test_hook_registry_view_and_reset_of_every_point(model):
+    registry = model._hook_registry
+    assert dict(registry) == model.hook_dict
+    with pytest.raises(TypeError):
+        registry["x"] = None  # read-only
+    with torch.no_grad():
+        plain = model.hf_model(TOKENS).logits
+    seen = []
+    for point in registry.values():
+        point.add_hook(lambda x, hook: seen.append(hook.name))
+    first = next(iter(registry.values()))
+    first.add_hook(noop, is_permanent=True)
+    model.reset_hooks()
+    assert [n for n, p in registry.items() if p.fwd_hooks] == [first.name] and first.fwd_hooks[0].is_permanent
+    model.reset_hooks(including_permanent=True)
+    assert not any(p.fwd_hooks or p.bwd_hooks for p in registry.values()) and _torch_hook_count(model) == 0
+    with torch.no_grad():
+        logits = model(TOKENS)
+    assert seen == [] and torch.equal(logits, plain)
+
+
+def test_run_with_cache_reset_hooks_end_false_keeps_filling_the_cache(model):
+    other = TOKENS[:1, :4]
+    _, cache = model.run_with_cache(TOKENS, names_filter=POINT, reset_hooks_end=False)
+    _, as_dict = model.run_with_cache(TOKENS, names_filter="hook_embed", reset_hooks_end=False,
+                                      return_cache_object=False)  # fmt: skip
+    assert len(model.hook_dict[POINT].fwd_hooks) == 1 and model.context_level == 0
+    _, fresh = model.run_with_cache(other, names_filter=[POINT, "hook_embed"])
+    assert torch.equal(cache[POINT], fresh[POINT]) and torch.equal(as_dict["hook_embed"], fresh["hook_embed"])
+    model.reset_hooks()
+    assert not model.hook_dict[POINT].fwd_hooks and _torch_hook_count(model) == 0
+    model(TOKENS)
+    assert torch.equal(cache[POINT], fresh[POINT])  # no longer filled
+    with pytest.raises(ValueError, match="remove_batch_dim"):
+        model.run_with_cache(TOKENS[:1], names_filter=POINT, reset_hooks_end=False, remove_batch_dim=True)
+    with pytest.raises(TypeError, match="reset_hooks_end"):
+        model.run_with_cache(TOKENS, reset_hooks_end="no")
+
+
+def test_context_level_unwinds_after_failures(model):
+    with pytest.raises(ValueError, match="scalar"):
+        model.run_with_cache(TOKENS, names_filter=POINT, incl_bwd=True, metric=lambda logits: logits)
+    assert model.context_level == 0 and _torch_hook_count(model) == 0
+    with pytest.raises(RuntimeError, match="boom"), model.hooks(fwd_hooks=[(POINT, noop)]):
+        assert model.context_level == 1
+        raise RuntimeError("boom")
+    assert model.context_level == 0 and not model.hook_dict[POINT].fwd_hooks
