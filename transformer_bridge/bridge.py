@@ -50,6 +50,9 @@ class TransformerBridge(TransformerLensSurface, BridgeCore):
             points = self.__dict__.get("hook_dict")
             if points is not None and name in points:
                 return points[name]
+            prop = getattr(type(self), name, None)
+            if isinstance(prop, property) and prop.fget is not None:  # a property refused (`W_pos` of a rotary
+                return prop.fget(self)  # model): raise its own explanation, not nn.Module's bare message
             raise
 
     def __deepcopy__(self, memo: dict) -> Any:

@@ -4,6 +4,7 @@ whatever layout HF hands the norm, and a norm whose module also serves the point
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from .adapters.base import centred as is_centred
@@ -17,11 +18,11 @@ def norm(kind: str, module: nn.Module) -> Callable:
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-5))
 
     def process(run: Run, out: Tensor, x: Tensor | None) -> Tensor:
-        h = x.float()
+        h = x if x.dtype == torch.float64 else x.float()  # at least float32, as HF's norms compute
         centred = h - h.mean(-1, keepdim=True) if is_centred(kind) else h
         scale = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt().to(x.dtype)
         new_scale = run("scale", scale)
-        normalized = (centred / new_scale.float()).to(x.dtype)
+        normalized = (centred / new_scale.to(h.dtype)).to(x.dtype)
         new_normalized = run("normalized", normalized)
         if new_scale is scale and new_normalized is normalized:
             return out

@@ -63,11 +63,12 @@ __all__ = [
 ]
 
 
-class WeightNotAvailableError(ValueError):
+class WeightNotAvailableError(ValueError, AttributeError):
     """The model has no such weight (e.g. ``W_pos`` of a rotary model).
 
-    A `ValueError`, not an `AttributeError`: `torch.nn.Module` would replace an `AttributeError` raised by a
-    property with its own "has no attribute" message and lose the explanation.
+    An `AttributeError` (``hasattr(model, "W_pos")`` is False, as in TransformerLens) and, as before, a
+    `ValueError`; the bridge re-raises it with its explanation where `torch.nn.Module` would replace it with a
+    bare "has no attribute" (`TransformerBridge.__getattr__`).
     """
 
 
@@ -291,8 +292,8 @@ def W_pos(core: BridgeCore) -> Float[Tensor, "pos d_model"]:  # noqa: N802
     """
     if core.adapter.pos_embed is None:
         raise WeightNotAvailableError(
-            f"`W_pos`: this model ({core.cfg.model_type}) has no learned position embedding; its positions act "
-            "inside attention by rotary embedding (see the `hook_rot_q` / `hook_rot_k` points)."
+            f"`W_pos`: this model ({core.cfg.model_type}) has no learned absolute positional embedding; its "
+            "positions act inside attention by rotary embedding (see the `hook_rot_q` / `hook_rot_k` points)."
         )
     module = get_module(core.hf_model, core.adapter.pos_embed)
     return full_param(module)[getattr(module, "offset", 0) :]
