@@ -203,6 +203,9 @@ def test_embeddings(run):
     if model.adapter.pos_embed is None:
         with pytest.raises(WeightNotAvailableError, match="rotary"):
             _ = model.W_pos
+        with pytest.raises(AttributeError, match="absolute positional"):  # TransformerLens' exception type
+            _ = model.W_E_pos
+        assert not hasattr(model, "W_pos")
     else:
         assert model.W_pos.shape == (model.cfg.n_ctx, model.cfg.d_model)
         pos = TOKENS.shape[1]
