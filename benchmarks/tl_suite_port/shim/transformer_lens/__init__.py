@@ -19,7 +19,13 @@ from transformer_bridge.compat.factored import FactoredMatrix
 from transformer_bridge.compat.kv_cache import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
 from transformer_bridge.hook_points import HookRegistry
 
-from ._bridge import TransformerBridge, TransformerBridgeConfig, TransformerLensConfig, build_bridge_from_module
+from ._bridge import (
+    ArchitectureAdapter,
+    TransformerBridge,
+    TransformerBridgeConfig,
+    TransformerLensConfig,
+    build_bridge_from_module,
+)
 
 
 def _not_portable(name: str) -> None:
@@ -107,6 +113,8 @@ KNOWN.update({
     "transformer_lens.utilities": dict(vars(_utils)),
     "transformer_lens.utilities.lm_utils": dict(vars(_utils)),
     "transformer_lens.utilities.cache": {"get_pos_offset": _get_pos_offset},
+    "transformer_lens.model_bridge.supported_architectures.gpt2": {"GPT2ArchitectureAdapter": ArchitectureAdapter},
+    "transformer_lens.model_bridge.supported_architectures.llama": {"LlamaArchitectureAdapter": ArchitectureAdapter},
     "transformer_lens.tools.analysis": {"direct_logit_attribution": direct_logit_attribution},
     "transformer_lens.tools.analysis.direct_logit_attribution": {
         "direct_logit_attribution": direct_logit_attribution, "DirectLogitAttribution": DirectLogitAttribution},

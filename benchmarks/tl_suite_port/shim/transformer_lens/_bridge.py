@@ -28,7 +28,21 @@ class TransformerLensConfig:
 TransformerBridgeConfig = TransformerLensConfig
 
 
+class ArchitectureAdapter:
+    """TransformerLens' architecture adapter, as a test constructs one (``LlamaArchitectureAdapter(cfg)``):
+    model construction. transformer-bridge picks its adapter from the HF model's ``model_type``, so the
+    bridge built with one wraps the same model the same way."""
+
+    def __init__(self, cfg=None):
+        self.cfg = cfg
+
+
 class TransformerBridge(_Bridge):
+    def __init__(self, model, adapter=None, tokenizer=None):
+        if tokenizer is None and adapter is not None and not isinstance(adapter, ArchitectureAdapter):
+            adapter, tokenizer = None, adapter  # TransformerBridge(model, tokenizer): this package's own call
+        super().__init__(model, tokenizer)
+
     @classmethod
     def boot_transformers(
         cls,
