@@ -34,7 +34,8 @@ class BridgeConfig:
       ``hf_model.generation_config``, the source `generate` reads, so generation stops at that EOS (None or
       ``[]``: at no EOS); ``bos_token_id`` is also the BOS that left-padded ids keep.
     - ``n_ctx``: the context limit inputs are checked and `to_tokens` truncates against.
-    - ``use_attn_result``: accepted either way (``hook_result`` is computed whenever it is hooked or cached);
+    - ``use_attn_result``: True by default (``hook_result`` costs nothing until it is hooked or cached); False
+      switches ``attn.hook_result`` off, as in TransformerLens: caches leave it out and hooking it raises;
       ``use_split_qkv_input`` / ``use_attn_in`` / ``use_hook_mlp_in``: False only (those points are not
       offered, see docs/transformerlens.md).
 

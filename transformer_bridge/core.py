@@ -83,6 +83,7 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
                 self.cfg.parallel_attn_mlp,
             )
         self._set_points(sites.points, self.cfg.n_layers)
+        self.names.off = self._points_off
         mesh = tp_mesh(hf_model)
         if mesh is not None:  # tensor parallel: hooks on head / neuron points see gathered tensors
             attach_shard_specs(sites.points, mesh, self.cfg)
@@ -174,6 +175,14 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         return cls(hf_model.eval(), tokenizer)
 
     # -- hooks --------------------------------------------------------------------------------
+    def _points_off(self) -> dict[str, str]:
+        """The points the config switches off: ``attn.hook_result`` under ``cfg.use_attn_result=False``
+        (TransformerLens' switch; caches then leave it out, and hooking it raises)."""
+        if self.cfg.use_attn_result:
+            return {}
+        why = "`cfg.use_attn_result` is False; call `model.set_use_attn_result(True)` to hook or cache it."
+        return {n: why for n in self.hook_dict if n.endswith(".attn.hook_result")}
+
     def _sync_sites(self, point: HookPoint) -> None:
         """Attach exactly the sites a hooked point needs (the registry's ``sync``)."""
         for site in self._sites_for[point.name]:

@@ -17,7 +17,7 @@ model's blocks raises `LayerOutOfRangeError`, and a valid point missing from a c
 
 import difflib
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 NameFilter = None | str | tuple | Sequence[Any] | Callable[[str], bool]
@@ -80,6 +80,10 @@ class UnknownHookError(KeyError):
         return str(self.args[0])
 
 
+class HookOffError(ValueError):
+    """A hook point a setting switches off was named (``attn.hook_result`` under ``cfg.use_attn_result=False``)."""
+
+
 class LayerOutOfRangeError(KeyError, IndexError):
     """A hook name or key whose layer is outside ``0 .. n_layers - 1``."""
 
@@ -137,6 +141,9 @@ class HookNames:
         self.valid = list(valid)
         self.valid_set = set(valid)
         self.n_layers = n_layers
+        # The points a setting switches off (name -> how to switch it on), read at each call: a selection of
+        # many names leaves them out, and naming one raises `HookOffError`.
+        self.off: Callable[[], Mapping[str, str]] = dict
 
     # -- one name ---------------------------------------------------------------------------------
     def key(self, key: Any, param: str = "name") -> str:
@@ -155,7 +162,7 @@ class HookNames:
             name = canonical_name(key[0], layer, key[2] if len(key) > 2 else None)
         elif isinstance(key, str):
             if key in self.valid_set:
-                return key
+                return self._on(key)
             name = canonical_name(key) if key in _SHORT and _SHORT[key] in ("", "norm") else tl4_spelling(key)
         else:
             raise TypeError(
@@ -167,13 +174,19 @@ class HookNames:
     def check(self, name: str, param: str | None = None) -> str:
         """``name`` itself if it is a hook point; otherwise the most specific error."""
         if name in self.valid_set:
-            return name
+            return self._on(name)
         match = _BLOCK_NAME.fullmatch(name)
         if match and f"blocks.0.{match.group(2)}" in self.valid_set:
             self._check_layer(int(match.group(1)), name)
         if name in _SHORT:
             raise KeyError(f"Shorthand {name!r} needs a layer index here, e.g. ({name!r}, 0).")
         raise UnknownHookError(name, self.valid, param)
+
+    def _on(self, name: str) -> str:
+        why = self.off().get(name)
+        if why is not None:
+            raise HookOffError(f"{name!r} is switched off: {why}")
+        return name
 
     def _check_layer(self, layer: int, key: Any) -> None:
         if not -self.n_layers <= layer < self.n_layers:
@@ -188,13 +201,14 @@ class HookNames:
 
         Raises `ValueError` when a predicate or list selects nothing.
         """
+        off = self.off()
         if spec is None:
-            return list(self.valid)
+            return [n for n in self.valid if n not in off]
         if isinstance(spec, (str, tuple)) and not _is_list_of_specs(spec):
             return self._one(spec, param)
         if callable(spec):
             try:
-                names = [n for n in self.valid if spec(n)]
+                names = [n for n in self.valid if n not in off and spec(n)]
             except Exception as e:
                 raise TypeError(f"`{param}` predicate {spec!r} failed on a hook name: {e!r}.") from e
             if not names:
@@ -215,7 +229,11 @@ class HookNames:
 
     def _one(self, item: Any, param: str) -> list[str]:
         if isinstance(item, str) and item not in self.valid_set and _SHORT.get(item) in ("block", "attn", "mlp"):
+            off = self.off()
             names = [n for layer in range(self.n_layers) if (n := canonical_name(item, layer)) in self.valid_set]
+            if names and all(n in off for n in names):
+                self._on(names[0])  # every layer's point is off: say why
+            names = [n for n in names if n not in off]
             if not names:
                 raise ValueError(f"`{param}`: shorthand {item!r} names no hook point of this model.")
             return names

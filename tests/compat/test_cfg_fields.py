@@ -10,6 +10,7 @@ import torch
 from conftest import make_bridge
 
 from transformer_bridge.config import _ASSIGNABLE, BridgeConfig, ConfigFieldError
+from transformer_bridge.names import HookOffError
 
 PROMPT = torch.tensor([[1, 40, 41, 42]])
 
@@ -67,6 +68,33 @@ def test_n_ctx_limits_inputs_and_truncates_text(model):
     assert model.to_tokens("abcdef").shape[1] == 3
     with pytest.raises(ValueError, match="context limit is 3"):
         model(torch.tensor([[1, 2, 3, 4]]))
+
+
+def test_use_attn_result_false_switches_hook_result_off(model):
+    """TransformerLens' switch takes effect: off, the point is left out of caches and naming it raises."""
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    logits, cache = model.run_with_cache(tokens)
+    assert "blocks.0.attn.hook_result" in cache
+    model.set_use_attn_result(False)
+    try:
+        assert model.cfg.use_attn_result is False
+        off_logits, off_cache = model.run_with_cache(tokens)
+        assert torch.equal(off_logits, logits)
+        assert not any(n.endswith("attn.hook_result") for n in off_cache)
+        assert set(off_cache.keys()) == set(cache.keys()) - {n for n in cache if n.endswith("hook_result")}
+        with pytest.raises(HookOffError, match="use_attn_result"):
+            model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_result", lambda x, hook: x)])
+        with pytest.raises(HookOffError, match="set_use_attn_result"):
+            model.run_with_cache(tokens, names_filter=("result", 0))
+        with pytest.raises(HookOffError):
+            model.run_with_cache(tokens, names_filter="result")
+        assert model.names_matching(lambda n: "attn.hook_" in n) == [
+            n for n in model.hook_dict if "attn.hook_" in n and not n.endswith("hook_result")
+        ]
+        assert torch.equal(model(tokens), model.hf_model(tokens).logits)  # the model is clean afterwards
+    finally:
+        model.set_use_attn_result(True)
+    assert "blocks.0.attn.hook_result" in model.run_with_cache(tokens, names_filter="result")[1]
 
 
 def test_split_input_flags_accept_false_only(model):

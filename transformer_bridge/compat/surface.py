@@ -463,9 +463,10 @@ class TransformerLensSurface:
         return self.hf_model
 
     def set_use_attn_result(self: BridgeCore, use_attn_result: bool) -> None:
-        """TransformerLens' switch for ``blocks.L.attn.hook_result``. Here the point is computed whenever it is
-        hooked or cached (from ``hook_z`` and the output projection), so either value leaves the model as it is:
-        ``True`` is what the bridge always does, and with ``False`` an unhooked, uncached point costs nothing.
+        """TransformerLens' switch for ``blocks.L.attn.hook_result`` (``cfg.use_attn_result``). ``True``, the
+        bridge's default: the point is computed (from ``hook_z`` and the output projection) only while hooked or
+        cached. ``False``: the point is off, as in TransformerLens: caches of all points leave it out, and naming
+        it in a hook or ``names_filter`` raises `names.HookOffError`. The logits are the same either way.
 
         Example:
             >>> model.set_use_attn_result(True)
