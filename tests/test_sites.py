@@ -229,6 +229,22 @@ def test_norm_scale_and_normalized(model):
         _close(normalized * weight + bias, y.reshape(normalized.shape))
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_norm_scale_of_a_16_bit_model_is_float32(family):
+    """HF's norms compute their statistics in float32 in a bf16 model; hook_scale shows that float32 value
+    (TransformerLens caches it so too), hook_normalized the model's dtype, and the logits stay HF's."""
+    model = make_bridge(family)
+    model.hf_model.to(torch.bfloat16)
+    model = type(model)(model.hf_model)
+    logits, cache = model.run_with_cache(TOKENS, names_filter=lambda n: n.startswith("blocks.0."))
+    assert torch.equal(logits, model.hf_model(TOKENS).logits)
+    scale, x = cache["blocks.0.ln1.hook_scale"], cache["blocks.0.hook_resid_pre"]
+    assert scale.dtype == torch.float32 and cache["blocks.0.ln1.hook_normalized"].dtype == torch.bfloat16
+    h = x.float() - x.float().mean(-1, keepdim=True) if family == "gpt2" else x.float()
+    eps = model.hf_model.config.layer_norm_epsilon if family == "gpt2" else model.hf_model.config.rms_norm_eps
+    torch.testing.assert_close(scale, (h.pow(2).mean(-1, keepdim=True) + eps).sqrt(), rtol=0, atol=0)
+
+
 def test_sandwich_norm_edits_reach_the_sublayer_output_points():
     """Gemma 2: ``ln1_post``/``ln2_post`` and ``hook_attn_out``/``hook_mlp_out`` share a module; order is fixed."""
     model = make_bridge("gemma2")

@@ -20,7 +20,8 @@ def norm(kind: str, module: nn.Module) -> Callable:
     def process(run: Run, out: Tensor, x: Tensor | None) -> Tensor:
         h = x if x.dtype == torch.float64 else x.float()  # at least float32, as HF's norms compute
         centred = h - h.mean(-1, keepdim=True) if is_centred(kind) else h
-        scale = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt().to(x.dtype)
+        # In float32 for a 16-bit model (float64 for a float64 one), as HF's norms compute it.
+        scale = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
         new_scale = run("scale", scale)
         normalized = (centred / new_scale.to(h.dtype)).to(x.dtype)
         new_normalized = run("normalized", normalized)

@@ -66,8 +66,17 @@ class TransformerBridge(_Bridge):
         return cls(model.eval(), tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_name))
 
     @classmethod
-    def boot_native(cls, cfg, **kwargs):
-        """TransformerLens' own model from a TL config; here the HF family with that norm (LN: GPT-2, RMS: Llama)."""
+    def boot_native(cls, cfg, dtype=None, **kwargs):
+        """TransformerLens' own model from a TL config; here the HF family with that norm (LN: GPT-2, RMS: Llama).
+        A bridge's own `cfg` (a test re-booting a model's config) gives the same sizes; ``dtype`` overrides."""
+        if not isinstance(cfg, TransformerLensConfig):
+            cfg = TransformerLensConfig(
+                n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, d_head=cfg.d_head,
+                d_vocab=cfg.d_vocab, n_ctx=cfg.n_ctx, d_mlp=cfg.d_mlp, n_key_value_heads=cfg.n_kv_heads,
+                normalization_type="RMS" if cfg.normalization.startswith("rms") else "LN", dtype=cfg.dtype,
+            )  # fmt: skip
+        if dtype is not None:
+            cfg.dtype = dtype
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed)
         d_mlp = cfg.d_mlp or 4 * cfg.d_model
