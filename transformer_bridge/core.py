@@ -25,6 +25,7 @@ from .distributed import attach_shard_specs, check_tensor_parallel, full_param, 
 from .hook_points import HookContext, HookPoint, HookRegistry
 from .inputs import PaddingSide, check_attention_mask, left_padding_mask, mask_for_implementation
 from .layers import StopForward, check_layer, start_at, stop_before
+from .loading import loader_config
 from .running import Input, NamesFilter, Running
 from .sites import arm_sites, build_sites, check_sites, disarm_sites, get_module
 from .ssm import build_ssm_sites
@@ -133,14 +134,20 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         dtype: torch.dtype | None = None,
         device: str | torch.device | None = None,
         tokenizer: Any = None,
+        n_ctx: int | None = None,
+        hf_config_overrides: dict[str, Any] | None = None,
+        load_weights: bool = True,
         **hf_kwargs: Any,
     ) -> "BridgeCore":
         """Load a local HF folder (or a cached hub name) and wrap it; ``gguf_file=`` passes through, and so
         do ``device_map=`` (``"auto"`` or a dict; with ``max_memory=``, ``offload_folder=``) and
-        ``tp_plan="auto"`` (tensor parallelism under ``torchrun``): see docs/scaling.md.
+        ``tp_plan="auto"`` (tensor parallelism under ``torchrun``): see docs/scaling.md. TransformerLens'
+        loader options (`loading.loader_config`): ``n_ctx`` sets the context length, ``hf_config_overrides``
+        HF config fields, ``load_weights=False`` builds the checkpoint's architecture randomly initialised.
 
         Example:
             >>> model = TransformerBridge.from_pretrained("path/to/SmolLM2", dtype=torch.float32)
+            >>> longer = TransformerBridge.from_pretrained("path/to/SmolLM2", n_ctx=16384)
         """
         device = check_device(device)
         if device is not None and hf_kwargs.get("device_map") is not None:
@@ -148,7 +155,12 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
                 f"Give `device`={device!s} or `device_map`={hf_kwargs['device_map']!r}, not both: a device map "
                 "already places every layer."
             )
-        hf_model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **hf_kwargs)
+        config = loader_config(name_or_path, n_ctx, hf_config_overrides, load_weights, hf_kwargs)
+        if not load_weights:
+            hf_model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        else:
+            configured = {} if config is None else {"config": config}
+            hf_model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **configured, **hf_kwargs)
         if tokenizer is None:
             tok_kwargs = {k: v for k, v in hf_kwargs.items() if k in ("gguf_file", "revision", "trust_remote_code")}
             try:

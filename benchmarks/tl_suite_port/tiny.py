@@ -45,6 +45,15 @@ def tiny_config(name: str, **overrides):
     return cfg
 
 
+def tiny_config_like_hf(name: str, *_, return_unused_kwargs=False, **kwargs):
+    """`AutoConfig.from_pretrained` on a hub name: the tiny config, with config keywords read as HF reads them
+    (fields set, ``attn_implementation`` applied, the rest returned unused when asked)."""
+    loading = {"revision", "trust_remote_code", "cache_dir", "local_files_only", "token", "gguf_file"}
+    base = tiny_config(name)
+    fields = {k: v for k, v in kwargs.items() if k not in loading}
+    return type(base).from_dict(base.to_dict(), return_unused_kwargs=return_unused_kwargs, **fields)
+
+
 def tiny_model(name: str, config=None, dtype=None, attn_implementation=None, **_):
     torch.manual_seed(sum(map(ord, str(name))))
     cfg = config if config is not None else tiny_config(name)
@@ -69,7 +78,7 @@ def tiny_tokenizer(*_, **__):
 
 def patch_transformers() -> None:
     """Route hub loads of configs, causal LMs and tokenizers to the tiny stand-ins (both sides alike)."""
-    AutoConfig.from_pretrained = staticmethod(lambda name, *a, **k: tiny_config(name))
+    AutoConfig.from_pretrained = staticmethod(tiny_config_like_hf)
     AutoModelForCausalLM.from_pretrained = staticmethod(lambda name, *a, **k: tiny_model(name, **k))
     AutoTokenizer.from_pretrained = staticmethod(tiny_tokenizer)
     transformers.AutoConfig, transformers.AutoModelForCausalLM = AutoConfig, AutoModelForCausalLM

@@ -56,13 +56,10 @@ class TransformerBridge(_Bridge):
         hf_config_overrides=None,
         **kwargs,
     ):
-        if n_ctx is not None or not load_weights or hf_config_overrides is not None:
-            # TransformerLens' loader options (its warnings and messages are what such tests check)
-            import pytest
-
-            pytest.skip("NOT_PORTABLE: TransformerLens' loader options (n_ctx / load_weights / hf_config_overrides)")
-        model = hf_model if hf_model is not None else AutoModelForCausalLM.from_pretrained(model_name, dtype=dtype)
-        model = model.to(device) if device is not None else model
+        if hf_model is None:  # this package's loader, with TransformerLens' loader options
+            return cls.from_pretrained(model_name, dtype=dtype, device=device, tokenizer=tokenizer, n_ctx=n_ctx,
+                                       hf_config_overrides=hf_config_overrides, load_weights=load_weights)  # fmt: skip
+        model = hf_model.to(device) if device is not None else hf_model
         return cls(model.eval(), tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_name))
 
     @classmethod
