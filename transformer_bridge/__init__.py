@@ -5,6 +5,7 @@ from .activations import ActivationStore, harvest
 from .adapters import SUPPORTED_MODEL_TYPES, UnsupportedArchitectureError
 from .bridge import BridgeConfig, TransformerBridge
 from .cache import ActivationCache, CacheFileError, get_act_name
+from .compat.hooked_root import HookedRootModule
 from .compat.kv_cache import TransformerLensKeyValueCache
 from .core import BridgeCore
 from .generation import Branch, GenerationOutput, View, sample
@@ -25,6 +26,7 @@ __all__ = [
     "HookContext",
     "HookHandle",
     "HookPoint",
+    "HookedRootModule",
     "LayerOutOfRangeError",
     "NotCachedError",
     "Relevance",

@@ -1,5 +1,6 @@
 """`ActivationCache`: hook name → tensor, TransformerLens shorthand keys, analysis helpers, safetensors I/O."""
 
+import re
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -63,8 +64,7 @@ class ActivationCache(Mapping[str, Tensor]):
         if compact is not None and compact in self._tensors:
             return compact
         valid = list(self.model.hook_dict) if self.model is not None else list(self._tensors)
-        n_layers = self.model.cfg.n_layers if self.model is not None else _layers_in(self._tensors)
-        name = HookNames(valid, n_layers).key(key, "key")
+        name = HookNames(valid, _layers_in(valid)).key(key, "key")  # a HookedRootModule has no cfg
         if name not in self._tensors:
             raise NotCachedError(
                 f"{name!r} is a valid hook point but is not in this cache; add it to `names_filter` (or use "
@@ -442,7 +442,7 @@ class ActivationCache(Mapping[str, Tensor]):
 
 
 def _layers_in(names: Iterable[str]) -> int:
-    return 1 + max((int(n.split(".")[1]) for n in names if n.startswith("blocks.")), default=-1)
+    return 1 + max((int(m.group(1)) for n in names if (m := re.match(r"blocks\.(\d+)\.", n))), default=-1)
 
 
 def _tl_compact_name(key: Any) -> str | None:

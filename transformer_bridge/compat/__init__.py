@@ -3,6 +3,7 @@ public class) and the modules doing its work."""
 
 from .components import Blocks, ComponentView
 from .dla_tool import DirectLogitAttribution, direct_logit_attribution
+from .hooked_root import HookedRootModule
 from .kv_cache import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
 from .surface import TransformerLensSurface
 from .weights import WeightNotAvailableError
@@ -11,6 +12,7 @@ __all__ = [
     "Blocks",
     "ComponentView",
     "DirectLogitAttribution",
+    "HookedRootModule",
     "TransformerLensKeyValueCache",
     "TransformerLensKeyValueCacheEntry",
     "TransformerLensSurface",

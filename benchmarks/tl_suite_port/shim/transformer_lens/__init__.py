@@ -13,7 +13,7 @@ import sys
 import types
 
 import transformer_bridge.utils as _utils
-from transformer_bridge import ActivationCache, HookPoint
+from transformer_bridge import ActivationCache, HookedRootModule, HookPoint
 from transformer_bridge.compat.dla_tool import DirectLogitAttribution, direct_logit_attribution
 from transformer_bridge.compat.factored import FactoredMatrix
 from transformer_bridge.compat.kv_cache import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
@@ -100,6 +100,7 @@ KNOWN.update({
     "transformer_lens.model_bridge.sources._bridge_builder": {"build_bridge_from_module": build_bridge_from_module},
     "transformer_lens.hook_points": {"HookPoint": HookPoint, "HookIntrospectionMixin": HookRegistry},
     "transformer_lens.ActivationCache": {"ActivationCache": ActivationCache},
+    "transformer_lens.HookedRootModule": {"HookedRootModule": HookedRootModule},
     "transformer_lens.FactoredMatrix": {"FactoredMatrix": FactoredMatrix},
     "transformer_lens.cache": {"TransformerLensKeyValueCache": TransformerLensKeyValueCache,
                                "TransformerLensKeyValueCacheEntry": TransformerLensKeyValueCacheEntry},
@@ -128,7 +129,7 @@ for _name in ("ActivationCache", "FactoredMatrix", "HookedRootModule", "HookedTr
 ActivationCache = KNOWN["transformer_lens.ActivationCache"]["ActivationCache"]
 FactoredMatrix = KNOWN["transformer_lens.FactoredMatrix"]["FactoredMatrix"]
 utilities = utils = importlib.import_module("transformer_lens.utilities")
-HookedRootModule = Missing("transformer_lens.HookedRootModule")
+HookedRootModule = KNOWN["transformer_lens.HookedRootModule"]["HookedRootModule"]
 HookedTransformer = Missing("transformer_lens.HookedTransformer")
-__all__ = ["ActivationCache", "FactoredMatrix", "HookPoint", "TransformerBridge", "TransformerLensKeyValueCache",
-           "TransformerLensKeyValueCacheEntry", "utilities", "utils"]  # fmt: skip
+__all__ = ["ActivationCache", "FactoredMatrix", "HookPoint", "HookedRootModule", "TransformerBridge",
+           "TransformerLensKeyValueCache", "TransformerLensKeyValueCacheEntry", "utilities", "utils"]  # fmt: skip
