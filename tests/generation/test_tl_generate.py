@@ -145,3 +145,20 @@ def test_hf_generate_is_hf_s_loop_with_tl_s_signature_and_the_hooks_on(model):
         ablated = model.hf_generate(tokens, max_new_tokens=3, do_sample=False)
     assert not torch.equal(zero, ablated)  # an edit changes HF's loop too
     assert torch.equal(model.hf_generate(tokens, max_new_tokens=3, do_sample=False), zero)  # and is gone after
+
+
+def test_stop_at_eos_true_needs_an_eos_id():
+    """An explicit ``stop_at_eos=True`` that nothing could honour is refused; unset, generation runs to the budget
+    (as HF's generate does without an EOS id); ``eos_token_id=`` gives it one."""
+    model = make_bridge("llama")
+    model.cfg.eos_token_id = None  # written through to the generation config: no EOS anywhere
+    prompt = torch.tensor([[1, 40, 41]])
+    with pytest.raises(ValueError, match=r"`stop_at_eos=True` needs an EOS id") as caught:
+        model.generate(prompt, max_new_tokens=3, stop_at_eos=True, do_sample=False)
+    assert isinstance(caught.value, AssertionError)  # TransformerLens raises an AssertionError here
+    free = model.generate(prompt, max_new_tokens=3, do_sample=False)
+    assert free.shape == (1, 6)
+    assert torch.equal(model.generate(prompt, max_new_tokens=3, stop_at_eos=False, do_sample=False), free)
+    first = int(free[0, 3])
+    stopped = model.generate(prompt, max_new_tokens=3, stop_at_eos=True, eos_token_id=first, do_sample=False)
+    assert stopped.shape == (1, 4) and int(stopped[0, -1]) == first

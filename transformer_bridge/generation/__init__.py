@@ -130,7 +130,7 @@ def generate(
     seed: int | None = None,
     generator: torch.Generator | None = None,
     eos_token_id: int | Sequence[int] | None = None,
-    stop_at_eos: bool = True,
+    stop_at_eos: bool | None = None,
     pad_token_id: int | None = None,
     stop_strings: str | Sequence[str] | None = None,
     tokenizer: Any = None,

@@ -243,7 +243,8 @@ OPTIONS: tuple[Option, ...] = (
     # -- stopping ----------------------------------------------------------------------------------------------------
     Option("eos_token_id", None, "int or list; default: the model's (generation config, config, tokenizer).",
            _STOP, config=True, cli="ints"),
-    Option("stop_at_eos", True, "``False`` ignores EOS.", _STOP, source="tl", cli="bool"),
+    Option("stop_at_eos", None, "``False`` ignores EOS; ``True`` requires one (an error when no EOS id is "
+           "known); default: stop at EOS when one is known.", _STOP, source="tl", cli="bool"),
     Option("pad_token_id", None, "fills finished rows; default: the generation config's, else "
            "``model.pad_token_id``.", _STOP, config=True, cli="int"),
     Option("stop_strings", None, "stop a row once its generated text contains one of them (decoded with "

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..checks import ArgumentTypeError, check_bool, check_int, describe, is_int, is_real
+from ..checks import ArgumentTypeError, ArgumentValueError, check_bool, check_int, describe, is_int, is_real
 from ..core import BridgeCore
 from .sampler import Sampler, build_sampler
 from .sampling import validate_sampling_args
@@ -76,8 +76,10 @@ def plan(model: BridgeCore, prompt_width: int, from_embeds: bool, o: Mapping[str
     """
     start = time.perf_counter()
     d_vocab = model.cfg.d_vocab
-    for name in ("use_cache", "stop_at_eos", "verbose", "return_dict", "output_logits", "output_scores"):
+    for name in ("use_cache", "verbose", "return_dict", "output_logits", "output_scores"):
         check_bool(name, o[name])
+    if o["stop_at_eos"] is not None:
+        check_bool("stop_at_eos", o["stop_at_eos"])
     max_new_tokens = _max_new_tokens(o["max_new_tokens"], prompt_width, model.cfg.n_ctx)
     greedy, warpers, freq_penalty = _sampling(o)
     num_beams = check_int("num_beams", o["num_beams"], minimum=1)
@@ -105,7 +107,13 @@ def plan(model: BridgeCore, prompt_width: int, from_embeds: bool, o: Mapping[str
         )
 
     all_eos = _eos_ids(model, o["eos_token_id"])  # checked even when unused
-    eos = all_eos if o["stop_at_eos"] else []
+    if o["stop_at_eos"] is True and not all_eos:
+        raise ArgumentValueError(
+            "`stop_at_eos=True` needs an EOS id, and none is known: `eos_token_id` was not given and the model's "
+            "generation config, config and tokenizer (`cfg.eos_token_id`) have none. Give `eos_token_id=`, or "
+            "leave `stop_at_eos` unset."
+        )
+    eos = [] if o["stop_at_eos"] is False else all_eos
     pad, pad_known = _pad(model, o["pad_token_id"], all_eos)
     tokenizer = model.tokenizer if o["tokenizer"] is None else o["tokenizer"]
     stop_strings = _stop_strings(o["stop_strings"], tokenizer)
