@@ -9,6 +9,37 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .hook_points import HookPoint
+from .names import tl4_spelling
+
+
+class CachingDict(dict):
+    """The dict caches are filled into (`CacheWriter`, `get_caching_hooks`): keyed by canonical hook names, each
+    tensor stored once.
+
+    A TransformerLens 4 spelling of a point reads its entry (``d["blocks.0.hook_out"]``, ``in``, ``get``);
+    iteration, ``len`` and ``keys()`` see the canonical names only. Writes go under the key given.
+
+    Example:
+        >>> d = CachingDict({"blocks.0.hook_resid_post": torch.zeros(1)})
+        >>> d["blocks.0.hook_out"] is d["blocks.0.hook_resid_post"], "blocks.0.hook_out" in d, len(d)
+        (True, True, 1)
+    """
+
+    def __missing__(self, key: Any) -> Tensor:
+        canonical = tl4_spelling(key) if isinstance(key, str) else key
+        if canonical != key and dict.__contains__(self, canonical):
+            return dict.__getitem__(self, canonical)
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or (isinstance(key, str) and dict.__contains__(self, tl4_spelling(key)))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """``self[key]`` (a TransformerLens 4 spelling included) if present, else ``default``."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
 
 class CacheWriter:
@@ -17,7 +48,7 @@ class CacheWriter:
     def __init__(self, device: torch.device | None, pos_slice: int | slice | Sequence[int] | None = None) -> None:
         self.device = device
         self.pos_slice = pos_slice
-        self.tensors: dict[str, Tensor] = {}
+        self.tensors: dict[str, Tensor] = CachingDict()
         self._seen: dict[int, tuple[Any, Tensor]] = {}
 
     def _store(self, key: str, tensor: Tensor) -> None:

@@ -160,3 +160,13 @@ def test_get_hook_point(model):
     assert model.get_hook_point("blocks.0.hook_nothing") is None and model.get_hook_point("blocks.99.hook_in") is None
     with pytest.raises(TypeError, match="`hook_name`"):
         model.get_hook_point(3)
+
+
+def test_run_with_cache_dicts_read_tl4_spellings(model):
+    """`run_with_cache`'s dict (`return_cache_object=False`, or `cache.cache_dict`) is a `CachingDict` too."""
+    _, plain = model.run_with_cache(TOKENS, names_filter=RESID, return_cache_object=False)
+    _, cache = model.run_with_cache(TOKENS, names_filter=RESID)
+    for d in (plain, cache.cache_dict):
+        assert isinstance(d, CachingDict) and list(d) == [RESID]
+        assert d[TL4_RESID] is d[RESID] and TL4_RESID in d
+    assert torch.equal(plain[TL4_RESID], cache[RESID])

@@ -16,40 +16,12 @@ import torch
 from torch import Tensor
 
 from ..cache import check_pos_slice
+from ..caching import CachingDict
 from ..checks import ArgumentTypeError, check_bool, check_device, describe
 from ..hook_points import HookPoint
 from ..names import tl4_spelling
 
 HookPair = tuple[str, Callable[[Tensor, HookPoint], None]]
-
-
-class CachingDict(dict):
-    """The dict `get_caching_hooks` fills: keyed by canonical hook names, each tensor stored once.
-
-    A TransformerLens 4 spelling of a point reads its entry (``d["blocks.0.hook_out"]``, ``in``, ``get``);
-    iteration, ``len`` and ``keys()`` see the canonical names only. Writes go under the key given.
-
-    Example:
-        >>> d = CachingDict({"blocks.0.hook_resid_post": torch.zeros(1)})
-        >>> d["blocks.0.hook_out"] is d["blocks.0.hook_resid_post"], "blocks.0.hook_out" in d, len(d)
-        (True, True, 1)
-    """
-
-    def __missing__(self, key: Any) -> Tensor:
-        canonical = tl4_spelling(key) if isinstance(key, str) else key
-        if canonical != key and dict.__contains__(self, canonical):
-            return dict.__getitem__(self, canonical)
-        raise KeyError(key)
-
-    def __contains__(self, key: object) -> bool:
-        return dict.__contains__(self, key) or (isinstance(key, str) and dict.__contains__(self, tl4_spelling(key)))
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        """``self[key]`` (a TransformerLens 4 spelling included) if present, else ``default``."""
-        try:
-            return self[key]
-        except KeyError:
-            return default
 
 
 def caching_hooks(
