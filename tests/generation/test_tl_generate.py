@@ -159,6 +159,8 @@ def test_stop_at_eos_true_needs_an_eos_id():
     free = model.generate(prompt, max_new_tokens=3, do_sample=False)
     assert free.shape == (1, 6)
     assert torch.equal(model.generate(prompt, max_new_tokens=3, stop_at_eos=False, do_sample=False), free)
+    past_vocab = model.generate(prompt, max_new_tokens=3, stop_at_eos=True, eos_token_id=10**6, do_sample=False)
+    assert torch.equal(past_vocab, free)  # an EOS id past the vocabulary is named (HF accepts it), never produced
     first = int(free[0, 3])
     stopped = model.generate(prompt, max_new_tokens=3, stop_at_eos=True, eos_token_id=first, do_sample=False)
     assert stopped.shape == (1, 4) and int(stopped[0, -1]) == first

@@ -107,7 +107,7 @@ def plan(model: BridgeCore, prompt_width: int, from_embeds: bool, o: Mapping[str
         )
 
     all_eos = _eos_ids(model, o["eos_token_id"])  # checked even when unused
-    if o["stop_at_eos"] is True and not all_eos:
+    if o["stop_at_eos"] is True and not all_eos and not _eos_named(model, o["eos_token_id"]):
         raise ArgumentValueError(
             "`stop_at_eos=True` needs an EOS id, and none is known: `eos_token_id` was not given and the model's "
             "generation config, config and tokenizer (`cfg.eos_token_id`) have none. Give `eos_token_id=`, or "
@@ -286,6 +286,22 @@ def _generator(seed: object, generator: object, device: torch.device) -> torch.G
             f"`torch.Generator(device={str(device)!r})`, or pass `seed=`."
         )
     return generator
+
+
+def _eos_named(model: BridgeCore, eos_token_id: Any) -> bool:
+    """Whether the call or the model names an EOS id at all (one past the vocabulary included: HF accepts it)."""
+    sources = (
+        eos_token_id,
+        getattr(getattr(model.hf_model, "generation_config", None), "eos_token_id", None),
+        getattr(model.hf_model.config, "eos_token_id", None),
+        getattr(model.tokenizer, "eos_token_id", None),
+    )
+    for source in sources:
+        if isinstance(source, Tensor):
+            source = source.tolist()
+        if source is not None:  # the first source that says something decides, as in `_eos_ids`
+            return is_int(source) or len(source) > 0
+    return False
 
 
 def _eos_ids(model: BridgeCore, eos_token_id: int | Sequence[int] | Tensor | None) -> list[int]:
