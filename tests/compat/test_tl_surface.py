@@ -39,7 +39,7 @@ def test_run_with_cache_return_types_match_forward(model):
 def test_run_with_cache_plain_dict_and_contexts(model):
     _, cache = model.run_with_cache(TOKENS, names_filter="pattern")
     _, plain = model.run_with_cache(TOKENS, names_filter="pattern", return_cache_object=False)
-    assert type(plain) is dict and set(plain) == set(cache.keys())
+    assert isinstance(plain, dict) and set(plain) == set(cache.keys())  # a CachingDict: TL 4 spellings read too
     assert all(torch.equal(plain[k], cache[k]) for k in plain)
     point = model.hook_dict["blocks.0.attn.hook_pattern"]
     point.ctx["seen"] = 1
@@ -54,8 +54,8 @@ def test_run_with_cache_keyword_errors(model):
         model.run_with_cache(TOKENS, return_type="logit")
     with torch.no_grad(), pytest.raises(ValueError, match="gradient tracking is off"):
         model.run_with_cache(TOKENS, incl_bwd=True)
-    with pytest.raises(ValueError, match="reset_hooks_end"):
-        model.run_with_cache(TOKENS, reset_hooks_end=False)
+    with pytest.raises((TypeError, ValueError), match="reset_hooks_end"):
+        model.run_with_cache(TOKENS, reset_hooks_end="no")
 
 
 def test_original_model_is_the_hf_model(model):
