@@ -9,6 +9,7 @@ from .compat.hooked_root import HookedRootModule
 from .compat.kv_cache import TransformerLensKeyValueCache
 from .core import BridgeCore
 from .generation import Branch, GenerationOutput, View, sample
+from .hook_entries import TensorConversion
 from .hook_points import HookContext, HookHandle, HookPoint
 from .names import LayerOutOfRangeError, NotCachedError, UnknownHookError
 from .relevance import Relevance, RelevanceRun
@@ -32,6 +33,7 @@ __all__ = [
     "Relevance",
     "RelevanceRun",
     "StaleCompiledHooksError",
+    "TensorConversion",
     "TransformerBridge",
     "TransformerLensKeyValueCache",
     "UnknownHookError",

@@ -25,6 +25,28 @@ def layer_of(name: str | None) -> int:
     return int(parts[1])
 
 
+class TensorConversion:
+    """A base for `HookPoint.enable_reshape` conversions (TransformerLens' ``BaseTensorConversion``): subclass it
+    with ``handle_conversion(x)`` (the layout hooks see) and ``revert(x)`` (back to the point's layout).
+
+    Example:
+        >>> class Heads(TensorConversion):
+        ...     def handle_conversion(self, x): return x.unflatten(-1, (4, -1))
+        ...     def revert(self, x): return x.flatten(-2)
+        >>> point.enable_reshape(Heads())
+    """
+
+    def convert(self, input_value: Tensor, *full_context: Any) -> Tensor:
+        """What the point's functions see: ``handle_conversion(input_value)``."""
+        return self.handle_conversion(input_value, *full_context)
+
+    def handle_conversion(self, input_value: Tensor, *full_context: Any) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must define handle_conversion(x).")
+
+    def revert(self, input_value: Tensor, *full_context: Any) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must define revert(x).")
+
+
 class AliasView:
     """What a function registered with ``alias_names`` receives as ``hook``: its point under one alias name
     (``hook.name``, ``hook.layer()`` read the alias; everything else is the point's own)."""

@@ -247,6 +247,37 @@ def test_enable_reshape_converts_what_hooks_see_and_reverts_what_they_return(mod
     torch.testing.assert_close(replaced, expected, atol=0, rtol=0)
 
 
+def test_tensor_conversion_base_class(model):
+    """`TensorConversion` (TransformerLens' BaseTensorConversion): ``convert`` calls ``handle_conversion``."""
+    from transformer_bridge import TensorConversion
+
+    class Halves(TensorConversion):
+        def handle_conversion(self, x, *context):
+            return x.unflatten(-1, (2, -1))
+
+        def revert(self, x, *context):
+            return x.flatten(-2)
+
+    half = model.cfg.d_model // 2
+    expected = model.run_with_hooks(TOKENS, fwd_hooks=[(POINT, lambda x, hook: x * (torch.arange(2 * half) >= half))])
+    point = model.hook_dict[POINT]
+    point.enable_reshape(Halves())
+    try:
+        seen = {}
+
+        def zero_first(x, hook):
+            seen["shape"] = tuple(x.shape)
+            return x * torch.tensor([[0.0], [1.0]])
+
+        got = model.run_with_hooks(TOKENS, fwd_hooks=[(POINT, zero_first)])
+    finally:
+        point.enable_reshape(None)
+    assert seen["shape"][-2:] == (2, half)
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    with pytest.raises(NotImplementedError, match="handle_conversion"):
+        TensorConversion().convert(torch.zeros(2))
+
+
 def test_hook_registry_view_and_reset_of_every_point(model):
     registry = model._hook_registry
     assert dict(registry) == model.hook_dict

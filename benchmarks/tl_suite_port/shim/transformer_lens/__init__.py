@@ -13,7 +13,7 @@ import sys
 import types
 
 import transformer_bridge.utils as _utils
-from transformer_bridge import ActivationCache, HookedRootModule, HookPoint
+from transformer_bridge import ActivationCache, HookedRootModule, HookPoint, TensorConversion
 from transformer_bridge.compat.dla_tool import DirectLogitAttribution, direct_logit_attribution
 from transformer_bridge.compat.factored import FactoredMatrix
 from transformer_bridge.compat.kv_cache import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
@@ -114,6 +114,8 @@ KNOWN.update({
     "transformer_lens.utilities": dict(vars(_utils)),
     "transformer_lens.utilities.lm_utils": dict(vars(_utils)),
     "transformer_lens.utilities.cache": {"get_pos_offset": _get_pos_offset},
+    "transformer_lens.conversion_utils.conversion_steps.base_tensor_conversion": {
+        "BaseTensorConversion": TensorConversion},
     "transformer_lens.model_bridge.supported_architectures.gpt2": {"GPT2ArchitectureAdapter": ArchitectureAdapter},
     "transformer_lens.model_bridge.supported_architectures.llama": {"LlamaArchitectureAdapter": ArchitectureAdapter},
     "transformer_lens.tools.analysis": {"direct_logit_attribution": direct_logit_attribution},
