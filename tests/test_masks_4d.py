@@ -185,3 +185,31 @@ def test_labels_give_hf_loss(family):
     assert torch.count_nonzero(per_token[:, 0]) == 0 and torch.count_nonzero(per_token[0, 3:]) == 0
     with pytest.raises(ValueError, match=r"`labels` must be an integer tensor of the tokens' shape \(2, 6\)"):
         model(TOKENS, labels=labels[:, 1:], return_type="loss")
+
+
+def test_run_with_cache_takes_a_4d_mask(model):
+    names = ["blocks.0.hook_resid_post", "blocks.0.attn.hook_pattern"]
+    logits_2d, cache_2d = model.run_with_cache(TOKENS, attention_mask=RIGHT, names_filter=names)
+    logits_4d, cache_4d = model.run_with_cache(TOKENS, attention_mask=_keep(RIGHT), names_filter=names)
+    # OPT derives pad positions from a 2-D mask itself (-1); under a 4-D mask they are HF's default: compare
+    # the real tokens there.
+    real = (slice(None),) if not model.adapter.positions_from_mask else (RIGHT.bool(),)
+    torch.testing.assert_close(logits_4d[real], logits_2d[real], rtol=0, atol=0)
+    torch.testing.assert_close(cache_4d[names[0]][real], cache_2d[names[0]][real], rtol=0, atol=0)
+    if not model.adapter.positions_from_mask:
+        torch.testing.assert_close(cache_4d[names[1]], cache_2d[names[1]], rtol=0, atol=0)
+    loss_4d, _ = model.run_with_cache(TOKENS, attention_mask=_keep(RIGHT), names_filter=names, return_type="loss")
+    torch.testing.assert_close(loss_4d, model(TOKENS, attention_mask=RIGHT, return_type="loss"), rtol=0, atol=0)
+
+
+def test_hooks_see_hf_default_positions_under_a_4d_mask():
+    model = _bridge("llama", "sdpa")
+    seen = {}
+
+    def read(x, hook):
+        seen["positions"], seen["padding"] = hook.ctx.positions.clone(), hook.ctx.pad_mask.clone()
+
+    left = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    model.run_with_hooks(TOKENS, attention_mask=_keep(left), fwd_hooks=[("hook_embed", read)])
+    assert torch.equal(seen["positions"], torch.arange(6).expand(2, 6))  # what HF runs with: no positions derived
+    assert torch.equal(seen["padding"], ~left.bool())

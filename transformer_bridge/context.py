@@ -18,9 +18,10 @@ class HookContext:
         phase: ``"forward"`` (a plain forward), ``"prefill"``, ``"decode"`` (one new token per row with
             the KV cache) or ``"recompute"`` (the cache-building forward after generation).
         step: decode step (0 at prefill and in a plain forward).
-        positions: ``[batch, chunk]`` absolute position of each token in its own row; left padding is
-            accounted for, so a row's first real token is 0 (padding gets 0 too, see `pad_mask`).
-        pad_mask: ``[batch, chunk]`` True where the token is left padding.
+        positions: ``[batch, chunk]`` absolute position of each token in its own row, as the model runs it:
+            in a row with padding before its tokens the first real token is 0 (that padding gets 0 too, see
+            `pad_mask`); other rows count from their first column.
+        pad_mask: ``[batch, chunk]`` True where the token is padding.
         is_generated: ``[batch, chunk]`` True where the token was produced by `generate`.
         kind: what the chunk holds: ``"forward"``, ``"prompt"``, ``"sampled"`` (tokens just sampled),
             ``"forced"`` (tokens a controller appended without sampling: k of them in one forward),
@@ -52,15 +53,20 @@ class HookContext:
 
     @staticmethod
     def from_mask(
-        attention_mask: Tensor, phase: Phase = "forward", step: int = 0, n_prompt: Tensor | None = None
+        attention_mask: Tensor,
+        phase: Phase = "forward",
+        step: int = 0,
+        n_prompt: Tensor | None = None,
+        hf_positions: bool = False,
     ) -> "HookContext":
         """Context for a whole sequence given its 0/1 attention mask. A row with padding before a real token
         counts positions from its first real token (``cumsum(mask) - 1``, 0 on the padding before it); every
-        other row (unpadded, right-padded, all padding) keeps HF's default positions ``0 .. pos - 1``."""
+        other row (unpadded, right-padded, all padding) keeps HF's default positions ``0 .. pos - 1``;
+        ``hf_positions``: every row does (a 4-D mask, which says nothing about positions)."""
         real = attention_mask.bool()
         derived = (real.long().cumsum(-1) - 1).clamp_min(0)
         default = torch.arange(real.shape[-1], device=real.device)
-        shifted = ((derived != default) & real).any(-1, keepdim=True)
+        shifted = ((derived != default) & real & (not hf_positions)).any(-1, keepdim=True)
         positions = torch.where(shifted, derived, default)
         if n_prompt is None:
             generated = torch.zeros_like(real)

@@ -412,7 +412,7 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         block ``K``. With ``hf_kwargs`` (``output_hidden_states``) HF's output object is returned.
         ``explicit_positions``: ``ctx.positions`` are the caller's ``position_ids``, passed to HF even unpadded.
         """
-        ctx = ctx or HookContext.from_mask(mask)
+        ctx = ctx or HookContext.from_mask(mask, hf_positions=mask_4d is not None)
         padded = not bool(mask.all())
         derives = self.adapter.positions_from_mask  # OPT reads positions off a 2-D mask (not off a 4-D one)
         if explicit_positions or (mask_4d is not None and derives):
@@ -469,6 +469,7 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         logits_to_keep: int = 0,
         stop_at_layer: int | None = None,
         reset_hooks_end: bool = True,
+        mask_4d: Tensor | None = None,
     ) -> tuple[Float[Tensor, "batch pos d_vocab"], dict[str, Tensor]]:
         """The caching forward shared by `run_with_cache` and `generate(return_cache=True)`.
 
@@ -482,7 +483,7 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         # no_grad, not inference_mode: inference tensors cannot meet parameters in autograd later.
         caching = [(n, store.hook) for n in names]
         with self.hooks(fwd_hooks=caching, read_only=True, reset_hooks_end=reset_hooks_end), torch.no_grad():
-            logits = self.forward_tokens(tokens, mask, ctx, logits_to_keep, stop_at_layer=stop_at_layer)
+            logits = self.forward_tokens(tokens, mask, ctx, logits_to_keep, stop_at_layer, mask_4d=mask_4d)
         return logits, store.tensors
 
     def names_matching(self, names_filter: NamesFilter, param: str = "names_filter") -> list[str]:

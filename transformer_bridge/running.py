@@ -131,11 +131,7 @@ class Running:
                 input = torch.zeros(residual.shape[:2], dtype=torch.long, device=residual.device)
         if input is None:
             raise TypeError("forward() needs `input` (text or token ids) or `input_ids`.")
-        mask_4d = None
-        if isinstance(attention_mask, Tensor) and attention_mask.dim() == 4:
-            tokens, mask, mask_4d = self._tokens_with_4d_mask(input, attention_mask, prepend_bos)
-        else:
-            tokens, mask = self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side)
+        tokens, mask, mask_4d = self._tokens_and_masks(input, attention_mask, prepend_bos, padding_side)
         ctx = None
         if labels is not None and (not isinstance(labels, Tensor) or labels.shape != tokens.shape
                                    or labels.is_floating_point()):  # fmt: skip
@@ -155,9 +151,6 @@ class Running:
                 )
             position_ids = position_ids.to(tokens.device)
             ctx = dataclasses.replace(HookContext.from_mask(mask), positions=position_ids)
-        elif mask_4d is not None:  # HF's default positions: a 4-D mask says nothing about them
-            default = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape)
-            ctx = dataclasses.replace(HookContext.from_mask(mask), positions=default)
         hf_kwargs = {"output_hidden_states": True} if output_hidden_states else {}
         patterns: dict[str, Tensor] = {}
         with contextlib.ExitStack() as stack:
@@ -206,10 +199,14 @@ class Running:
             attention_mask = split_4d_mask(attention_mask.to(tokens.device), tokens.shape)[0]
         return lm_cross_entropy_loss(logits, tokens, attention_mask, per_token)
 
-    def _tokens_with_4d_mask(
-        self, input: Input, attention_mask: Tensor, prepend_bos: bool | None
-    ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"], Tensor]:
-        """``(tokens, token mask, 4-D mask)`` for token ids given with a 4-D mask (`inputs.split_4d_mask`)."""
+    def _tokens_and_masks(
+        self, input: Input, attention_mask: Tensor | None, prepend_bos: bool | None,
+        padding_side: PaddingSide | None = None,
+    ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"], Tensor | None]:  # fmt: skip
+        """``(tokens, token mask, 4-D mask or None)``: `prepare_input`, or token ids given with a 4-D mask
+        (`inputs.split_4d_mask`)."""
+        if not (isinstance(attention_mask, Tensor) and attention_mask.dim() == 4):
+            return (*self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side), None)
         if self.adapter.has_mixers:
             raise ValueError("A 4-D `attention_mask` shapes attention; state-space layers here take a 2-D mask.")
         if isinstance(input, str) or (isinstance(input, (list, tuple)) and input and isinstance(input[0], str)):
@@ -385,7 +382,7 @@ class Running:
         if metric is not None and not callable(metric):
             raise TypeError(f"`metric` must be callable as metric(logits) -> scalar tensor, got {describe(metric)}.")
         names = self.names_matching(names_filter)
-        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos)
+        tokens, mask, mask_4d = self._tokens_and_masks(input, attention_mask, prepend_bos)
         if pos_slice is not None:
             pos_slice = check_pos_slice(pos_slice, tokens.shape[1])
         if remove_batch_dim and tokens.shape[0] != 1:
@@ -395,7 +392,7 @@ class Running:
             fwd = [(n, store.hook) for n in names]
             bwd = [(n, store.grad_hook) for n in names]
             with self.hooks(fwd_hooks=fwd, bwd_hooks=bwd, read_only=True, reset_hooks_end=reset_hooks_end):
-                logits = self.forward_tokens(tokens, mask, stop_at_layer=stop_at_layer)
+                logits = self.forward_tokens(tokens, mask, stop_at_layer=stop_at_layer, mask_4d=mask_4d)
                 if metric is None and stop_at_layer is not None:
                     raise ValueError(
                         "With `stop_at_layer`, give `metric` (the output is a residual stream, not logits)."
@@ -415,9 +412,8 @@ class Running:
                 target.reshape(()).backward()
             logits, tensors = logits.detach(), store.tensors
         else:
-            logits, tensors = self.cache_forward(
-                tokens, mask, names, device, pos_slice, stop_at_layer=stop_at_layer, reset_hooks_end=reset_hooks_end
-            )
+            logits, tensors = self.cache_forward(tokens, mask, names, device, pos_slice, stop_at_layer=stop_at_layer,
+                                                 reset_hooks_end=reset_hooks_end, mask_4d=mask_4d)  # fmt: skip
         cache = ActivationCache(tensors, self, attention_mask=mask.to(device or mask.device))
         return logits, (cache.remove_batch_dim(batch_size=tokens.shape[0]) if remove_batch_dim else cache)
 
@@ -457,7 +453,7 @@ class Running:
             return logits
         if return_type is None:
             return None
-        tokens, mask = self.prepare_input(input, attention_mask, prepend_bos)
+        tokens, mask, _ = self._tokens_and_masks(input, attention_mask, prepend_bos)
         loss_fn: Callable[..., Tensor] = next_token_losses if loss_per_token else next_token_loss
         loss = loss_fn(logits, tokens.to(logits.device), mask.to(logits.device))
         return loss if return_type == "loss" else (logits, loss)
