@@ -213,3 +213,11 @@ def test_hooks_see_hf_default_positions_under_a_4d_mask():
     model.run_with_hooks(TOKENS, attention_mask=_keep(left), fwd_hooks=[("hook_embed", read)])
     assert torch.equal(seen["positions"], torch.arange(6).expand(2, 6))  # what HF runs with: no positions derived
     assert torch.equal(seen["padding"], ~left.bool())
+
+
+def test_generate_and_cached_steps_take_a_2d_mask():
+    model = _bridge("gpt2", "sdpa")
+    with pytest.raises(ValueError, match=r"`attention_mask` is 4-D \(2, 1, 6, 6\).*give the 2-D"):
+        model.generate(TOKENS, attention_mask=_keep(RIGHT), max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"`attention_mask` is 4-D"):
+        model(TOKENS, attention_mask=_keep(RIGHT), return_type="logits_and_cache")

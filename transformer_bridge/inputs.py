@@ -101,6 +101,11 @@ def check_attention_mask(mask: Any, shape: torch.Size, left_padded: bool = False
     if not isinstance(mask, Tensor):
         raise TypeError(f"`attention_mask` must be a tensor [batch, pos] of 0/1, got {describe(mask)}.")
     mask = mask[None] if mask.dim() == 1 else mask
+    if mask.dim() == 4:
+        raise ValueError(
+            f"`attention_mask` is 4-D {tuple(mask.shape)}: a custom attention pattern goes to `forward`, "
+            "`run_with_hooks` and `run_with_cache`; here give the 2-D [batch, pos] mask of 0 (padding) and 1."
+        )
     if mask.shape != shape:
         raise ValueError(
             f"`attention_mask` shape {tuple(mask.shape)} does not match the prompt shape {tuple(shape)}: it must "
