@@ -83,7 +83,7 @@ def test_device_pos_slice_remove_batch_dim():
 def test_incl_bwd_stores_gradients():
     model = make_bridge("qwen2")
     names = ["blocks.1.hook_resid_post", "blocks.0.attn.hook_v"]
-    _, cache = model.run_with_cache(TOKENS, names_filter=names, incl_bwd=True)
+    _, cache = model.run_with_cache(TOKENS, names_filter=names, incl_bwd=True, return_type="loss")
     model.hf_model.zero_grad()
     captured = {}
 
@@ -107,9 +107,9 @@ def test_pos_slice_cuts_gradients_on_the_axis_of_their_point():
     """A gradient is sliced like its activation: patterns and scores on the query axis, the rest on positions."""
     model = make_bridge("llama")
     names = ["blocks.0.attn.hook_pattern", "blocks.0.attn.hook_attn_scores", "blocks.1.hook_resid_post"]
-    _, full = model.run_with_cache(TOKENS, names_filter=names, incl_bwd=True)
+    _, full = model.run_with_cache(TOKENS, names_filter=names, incl_bwd=True, return_type="loss")
     model.hf_model.zero_grad()
-    _, cut = model.run_with_cache(TOKENS, names_filter=names, incl_bwd=True, pos_slice=slice(1, 3))
+    _, cut = model.run_with_cache(TOKENS, names_filter=names, incl_bwd=True, pos_slice=slice(1, 3), return_type="loss")
     model.hf_model.zero_grad()
     for n in names[:2]:
         torch.testing.assert_close(cut[n + "_grad"], full[n + "_grad"][:, :, 1:3])

@@ -323,8 +323,9 @@ class Running:
 
         Each activation is stored once (aliases such as ``resid_pre[l+1]`` / ``resid_post[l]``
         share storage) on ``device`` as it is produced; the model is never moved. Without
-        ``incl_bwd`` no autograd graph is kept. With it, ``metric(logits)`` (default: next-token
-        loss) is backpropagated and gradients are stored under ``<name>_grad``.
+        ``incl_bwd`` no autograd graph is kept. With it, a scalar is backpropagated and gradients are stored
+        under ``<name>_grad``: ``metric(logits)``, or, as in TransformerLens, the output itself, which must then
+        be the loss (``return_type="loss"``).
 
         ``stop_at_layer=L`` stops before block ``L`` (nothing after it is computed, see `forward`) and
         returns ``(residual stream entering block L, cache of what ran)``. With ``start_at_layer=K``, ``input`` is
@@ -350,6 +351,12 @@ class Running:
             raise ValueError(
                 "`incl_bwd=True` backpropagates, but gradient tracking is off (inside torch.no_grad() or "
                 "torch.set_grad_enabled(False)); call run_with_cache outside it."
+            )
+        if incl_bwd and metric is None and stop_at_layer is None and (return_type != "loss" or loss_per_token):
+            shown = "return_type='loss', loss_per_token=True" if loss_per_token else f"return_type={return_type!r}"
+            raise ValueError(
+                f"`incl_bwd=True` calls backward() on a scalar output, and {shown} is not one: give "
+                "`return_type='loss'` (the mean next-token loss), or `metric=` (logits -> scalar tensor)."
             )
         if not reset_hooks_end and remove_batch_dim:  # later forwards would write batched tensors into it
             raise ValueError("`reset_hooks_end=False` keeps filling the cache; it cannot `remove_batch_dim` too.")

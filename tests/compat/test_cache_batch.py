@@ -111,7 +111,7 @@ def test_caching_dict_reads_tl4_spellings_with_one_entry(model, names_filter):
 
 
 def test_caching_dict_reads_tl4_spellings_of_gradients(model):
-    _, ref = model.run_with_cache(TOKENS, names_filter=RESID, incl_bwd=True)
+    _, ref = model.run_with_cache(TOKENS, names_filter=RESID, incl_bwd=True, return_type="loss")
     cache = _cached(model, TOKENS, TL4_RESID, incl_bwd=True)
     assert set(cache) == {RESID, RESID + "_grad"}
     assert cache[TL4_RESID + "_grad"] is cache[RESID + "_grad"]

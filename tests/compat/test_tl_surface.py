@@ -173,7 +173,7 @@ def test_tl4_spellings_name_the_same_points(model):
     }
     for tl4, canonical in pairs.items():
         assert cache[tl4] is cache[canonical]
-    _, grads = model.run_with_cache(TOKENS, names_filter="blocks.1.hook_out", incl_bwd=True)
+    _, grads = model.run_with_cache(TOKENS, names_filter="blocks.1.hook_out", incl_bwd=True, return_type="loss")
     assert grads["blocks.1.hook_out_grad"] is grads["blocks.1.hook_resid_post_grad"]
     assert "blocks.1.hook_out_grad" in grads and "blocks.0.hook_out_grad" not in grads
     assert model.blocks[0].mlp.hook_out is model.hook_dict["blocks.0.hook_mlp_out"]
@@ -324,7 +324,7 @@ def test_caching_hooks_fill_a_dict_like_run_with_cache(model):
 
 
 def test_caching_hooks_gradients_match_run_with_cache(model):
-    _, ref = model.run_with_cache(TOKENS, names_filter="resid_pre", incl_bwd=True)
+    _, ref = model.run_with_cache(TOKENS, names_filter="resid_pre", incl_bwd=True, return_type="loss")
     cache, fwd, bwd = model.get_caching_hooks("resid_pre", incl_bwd=True)
     with model.hooks(fwd_hooks=fwd, bwd_hooks=bwd):
         model(TOKENS, return_type="loss").backward()
@@ -389,4 +389,28 @@ def test_incl_bwd_on_a_frozen_model_says_why():
     for p in model.hf_model.parameters():
         p.requires_grad_(False)
     with pytest.raises(ValueError, match="no grad_fn"):
-        model.run_with_cache(TOKENS, incl_bwd=True)
+        model.run_with_cache(TOKENS, incl_bwd=True, return_type="loss")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "shown"),
+    [({}, "return_type='logits'"), ({"return_type": "both"}, "return_type='both'"),
+     ({"return_type": "loss", "loss_per_token": True}, "return_type='loss', loss_per_token=True")],
+)  # fmt: skip
+def test_incl_bwd_needs_a_scalar_output_or_a_metric(kwargs, shown):
+    """TransformerLens' rule: backward() on the output, which must be a scalar; `metric=` picks another scalar."""
+    model = make_bridge("llama")
+    with pytest.raises(ValueError, match=rf"`incl_bwd=True` calls backward\(\) on a scalar output, and {shown}"):
+        model.run_with_cache(TOKENS, incl_bwd=True, **kwargs)
+    loss, cache = model.run_with_cache(
+        TOKENS, names_filter="blocks.0.hook_resid_post", incl_bwd=True, return_type="loss"
+    )
+    assert torch.equal(loss, model(TOKENS, return_type="loss"))
+    _, by_metric = model.run_with_cache(
+        TOKENS,
+        names_filter="blocks.0.hook_resid_post",
+        incl_bwd=True,
+        metric=lambda logits: logits.log_softmax(-1)[..., 3].sum(),
+    )
+    assert not torch.equal(cache["blocks.0.hook_resid_post_grad"], by_metric["blocks.0.hook_resid_post_grad"])
+    assert not any(point.fwd_hooks or point.bwd_hooks for point in model.hook_dict.values())  # nothing left

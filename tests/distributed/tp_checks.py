@@ -92,7 +92,7 @@ def run_checks(model) -> dict[str, Tensor]:
     # Gradients at sharded and whole points (backward through the tensor-parallel model).
     grad_names = ["blocks.0.attn.hook_z", "blocks.0.attn.hook_pattern", "blocks.1.mlp.hook_post",
                   "blocks.1.attn.hook_q", "blocks.0.hook_resid_post", "hook_embed"]  # fmt: skip
-    _, gcache = model.run_with_cache(pair, names_filter=grad_names, incl_bwd=True)
+    _, gcache = model.run_with_cache(pair, names_filter=grad_names, incl_bwd=True, return_type="loss")
     for name in grad_names:
         out[f"grad/{name}"] = gcache[name + "_grad"]
 
