@@ -198,8 +198,9 @@ class ActivationCache(Mapping[str, Tensor]):
         after the last block, labelled ``"final_post"``; the others are ``resid_pre``, labelled
         ``"{l}_pre"``. ``incl_mid`` adds ``resid_mid`` of the layers before ``layer`` (``"{l}_mid"``);
         ``mlp_input`` ends at the input of ``layer``'s MLP (its ``resid_mid``; parallel attention/MLP
-        blocks feed the MLP ``resid_pre``, so nothing is added there). ``apply_ln`` divides by the cached
-        scale of the norm that reads ``layer`` (see `apply_ln_to_stack`).
+        blocks feed the MLP ``resid_pre``, so nothing is added there). ``apply_ln`` applies the norm that
+        reads ``layer`` to each entry with that entry's own statistics (the logit lens; `apply_ln_to_stack`
+        with ``recompute_ln=True``, TransformerLens 4.3's rule); the last entry's are the cached ones.
 
         Example:
             >>> resids, labels = cache.accumulated_resid(return_labels=True)   # logit lens input

@@ -99,9 +99,10 @@ def _out(
     apply_ln: bool,
     pos_slice: Any,
     ret: bool,
+    recompute_ln: bool = False,
 ) -> Tensor | tuple[Tensor, list[str]]:
     if apply_ln:
-        stack = apply_ln_to_stack(cache, stack, layer, mlp_input, pos_slice)
+        stack = apply_ln_to_stack(cache, stack, layer, mlp_input, pos_slice, recompute_ln=recompute_ln)
     return (stack, labels) if ret else stack
 
 
@@ -131,7 +132,8 @@ def accumulated_resid(
             names.append(f"blocks.{i}.hook_resid_mid")
             labels.append(f"{i}_mid")
     stack = torch.stack([cache._at_pos(cache._get(name, "accumulated_resid"), pos_slice) for name in names])
-    return _out(cache, stack, labels, layer, mlp_input, apply_ln, pos_slice, return_labels)
+    # Each entry is a whole residual stream: the norm reads it with its own statistics (the logit lens).
+    return _out(cache, stack, labels, layer, mlp_input, apply_ln, pos_slice, return_labels, recompute_ln=True)
 
 
 def decompose_resid(

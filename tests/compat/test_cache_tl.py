@@ -358,3 +358,19 @@ def test_test_prompt_ranks(capsys):
     ranks = ast.literal_eval(last.removeprefix("Ranks of the answer tokens: "))
     assert [token for token, _ in ranks] == [" ", "w", "o"]
     assert all(0 <= rank < V for _, rank in ranks)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_accumulated_resid_apply_ln_is_the_logit_lens(family):
+    """Each entry goes through the final norm with its own statistics (TransformerLens 4.3's rule): through the
+    folded unembedding it gives HF's ln_final + lm_head applied to that residual stream."""
+    model = make(family)
+    tokens = torch.tensor([[1, 5, 9, 14, 3]])
+    logits, cache = model.run_with_cache(tokens)
+    lens = cache.accumulated_resid(apply_ln=True, incl_mid=True) @ model.W_U + model.b_U
+    raw = cache.accumulated_resid(incl_mid=True)
+    ln_final = model.hf_model.get_decoder().norm if family == "llama" else model.hf_model.transformer.ln_f
+    with torch.no_grad():
+        expected = model.hf_model.get_output_embeddings()(ln_final(raw))
+    torch.testing.assert_close(lens, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(lens[-1], logits, rtol=1e-4, atol=1e-4)
