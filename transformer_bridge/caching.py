@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from .hook_points import HookPoint
@@ -83,20 +83,34 @@ def _slice_positions(name: str, t: Tensor, pos_slice: int | slice | Sequence[int
     return t.index_select(dim, torch.as_tensor(list(pos_slice), device=t.device))
 
 
-def next_token_loss(
-    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"]
-) -> Float[Tensor, ""]:
-    """Mean cross-entropy of predicting each real token from the one before it."""
+def _next_token_nll(
+    logits: Float[Tensor, "batch pos d_vocab"], targets: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"]
+) -> tuple[Float[Tensor, "batch pos_minus_1"], Bool[Tensor, "batch pos_minus_1"]]:
+    """Per prediction: the cross-entropy of ``targets[:, p]`` from the logits at ``p - 1`` (0 where not counted)
+    and whether it counts: both tokens real, and the target not -100 (HF's ignored label)."""
+    real = mask.bool()
+    counted = (targets[:, 1:] != -100) & real[:, 1:] & real[:, :-1]
     logprobs = logits[:, :-1].float().log_softmax(-1)
-    nll = -logprobs.gather(-1, tokens[:, 1:, None])[..., 0]
-    keep = (mask[:, 1:] * mask[:, :-1]).to(nll.dtype)
-    return (nll * keep).sum() / keep.sum().clamp_min(1)
+    nll = -logprobs.gather(-1, targets[:, 1:].clamp_min(0)[..., None])[..., 0]
+    return torch.where(counted, nll, nll.new_zeros(())), counted
+
+
+def next_token_loss(
+    logits: Float[Tensor, "batch pos d_vocab"], targets: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"]
+) -> Float[Tensor, ""]:
+    """Mean cross-entropy of predicting each real token (or HF ``labels``: -100 ignored) from the one before it.
+
+    Example:
+        >>> float(next_token_loss(torch.zeros(1, 3, 4), torch.tensor([[-100, 1, -100]]), torch.ones(1, 3)))
+        1.3862943649291992
+    """
+    nll, counted = _next_token_nll(logits, targets, mask)
+    return nll.sum() / counted.sum().clamp_min(1)
 
 
 def next_token_losses(
-    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"]
+    logits: Float[Tensor, "batch pos d_vocab"], targets: Int[Tensor, "batch pos"], mask: Int[Tensor, "batch pos"]
 ) -> Float[Tensor, "batch pos_minus_1"]:
-    """Cross-entropy of predicting each token from the one before it; 0 where either is padding."""
-    logprobs = logits[:, :-1].float().log_softmax(-1)
-    nll = -logprobs.gather(-1, tokens[:, 1:, None])[..., 0]
-    return nll * (mask[:, 1:] * mask[:, :-1]).to(nll.dtype)
+    """Cross-entropy of predicting each token (or HF ``labels``) from the one before it; 0 where either is padding
+    or the label is -100."""
+    return _next_token_nll(logits, targets, mask)[0]

@@ -142,7 +142,7 @@ def split_4d_mask(mask: Tensor, shape: torch.Size) -> tuple[Int[Tensor, "batch p
     HF takes as the whole attention pattern (no causal mask is added to it): a bool mask keeps ``True``
     (HF's own masks and SDPA's convention), a float mask is added to the attention scores (0 attends, a
     large negative number blocks). A token is real when it attends to itself (a float entry of -1 or more,
-    TransformerLens' rule); the token mask gives the loss and ``hook.ctx.padding``.
+    TransformerLens' rule); the token mask gives the loss and ``hook.ctx.pad_mask``.
 
     Example:
         >>> keep = torch.ones(4, 4, dtype=torch.bool).tril()[None, None]

@@ -24,7 +24,7 @@ from .distributed import input_device
 from .hook_points import HookContext, NameOrFilter
 from .inputs import PaddingSide, check_attention_mask, split_4d_mask
 from .names import NameFilter
-from .utils.lm import labelled_loss, lm_cross_entropy_loss
+from .utils.lm import lm_cross_entropy_loss
 
 Input = str | Sequence[str] | Tensor
 NamesFilter = NameFilter
@@ -172,12 +172,8 @@ class Running:
         logits = out
         if return_type == "logits":
             return logits
-        if labels is not None:
-            loss = labelled_loss(logits, labels.to(logits.device), mask.to(logits.device), loss_per_token)
-        elif loss_per_token:
-            loss = next_token_losses(logits, tokens, mask)
-        else:
-            loss = next_token_loss(logits, tokens, mask)
+        targets = tokens if labels is None else labels.to(tokens.device)
+        loss = (next_token_losses if loss_per_token else next_token_loss)(logits, targets, mask)
         return loss if return_type == "loss" else (logits, loss)
 
     def loss_fn(

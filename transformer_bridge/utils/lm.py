@@ -44,28 +44,6 @@ def lm_cross_entropy_loss(
     return -predicted if per_token else -predicted.sum() / n_tokens
 
 
-def labelled_loss(
-    logits: Float[Tensor, "batch pos d_vocab"],
-    labels: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    per_token: bool = False,
-) -> Float[Tensor, ""] | Float[Tensor, "batch pos_minus_1"]:
-    """HF's ``labels`` loss under a token mask: ``labels[:, p]`` is the target of the logits at ``p - 1``; a
-    target of -100, or a prediction from or of a padding token, is not counted (0 with ``per_token``).
-
-    Example:
-        >>> logits = torch.zeros(1, 3, 4)
-        >>> float(labelled_loss(logits, torch.tensor([[-100, 1, -100]]), torch.ones(1, 3)))  # one target
-        1.3862943649291992
-    """
-    real = attention_mask.bool()
-    valid = (labels[:, 1:] != -100) & real[:, 1:] & real[:, :-1]
-    log_probs = logits[:, :-1].float().log_softmax(-1)
-    nll = -log_probs.gather(-1, labels[:, 1:].clamp_min(0)[..., None])[..., 0]
-    nll = torch.where(valid, nll, nll.new_zeros(()))
-    return nll if per_token else nll.sum() / valid.sum().clamp_min(1)
-
-
 def lm_accuracy(
     logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], per_token: bool = False
 ) -> Float[Tensor, ""] | Bool[Tensor, "batch pos_minus_1"]:
