@@ -64,7 +64,10 @@ class ActivationCache(Mapping[str, Tensor]):
         if compact is not None and compact in self._tensors:
             return compact
         valid = list(self.model.hook_dict) if self.model is not None else list(self._tensors)
-        name = HookNames(valid, _layers_in(valid)).key(key, "key")  # a HookedRootModule has no cfg
+        n_layers = getattr(getattr(self.model, "cfg", None), "n_layers", None)
+        if n_layers is None:  # no model, or one without a cfg (a HookedRootModule): count the named blocks
+            n_layers = _layers_in(valid)
+        name = HookNames(valid, n_layers).key(key, "key")
         if name not in self._tensors:
             raise NotCachedError(
                 f"{name!r} is a valid hook point but is not in this cache; add it to `names_filter` (or use "
