@@ -7,6 +7,7 @@ TransformerLens' processing keywords, copying, attribute lookup of the component
 Every import points down: nothing below imports this module.
 """
 
+from collections.abc import Iterator
 from typing import Any
 
 from .compat.surface import TransformerLensSurface
@@ -54,6 +55,32 @@ class TransformerBridge(TransformerLensSurface, BridgeCore):
             if isinstance(prop, property) and prop.fget is not None:  # a property refused (`W_pos` of a rotary
                 return prop.fget(self)  # model): raise its own explanation, not nn.Module's bare message
             raise
+
+    @property
+    def n_params_total(self) -> int:
+        """The HF model's parameter count, tied weights counted once (TransformerLens 4's ``n_params_total``).
+
+        Example:
+            >>> model.n_params_total == sum(p.numel() for p in model.hf_model.parameters())
+            True
+        """
+        return sum(p.numel() for p in self.hf_model.parameters())
+
+    def tl_parameters(self) -> dict[str, Any]:
+        """TransformerLens' name for `get_params`: the weights under HookedTransformer's names, TL's shapes.
+
+        Example:
+            >>> model.tl_parameters()["blocks.0.attn.W_Q"].shape   # [n_heads, d_model, d_head]
+        """
+        return self.get_params()
+
+    def tl_named_parameters(self) -> Iterator[tuple[str, Any]]:
+        """`tl_parameters` as ``(name, tensor)`` pairs, like ``named_parameters``.
+
+        Example:
+            >>> names = [name for name, _ in model.tl_named_parameters()]
+        """
+        return iter(self.get_params().items())
 
     def __deepcopy__(self, memo: dict) -> Any:
         new = super().__deepcopy__(memo)  # type: ignore[misc]

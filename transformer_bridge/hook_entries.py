@@ -5,6 +5,7 @@ An entry knows its point only as an object with ``name``, ``fwd_hooks``, ``bwd_h
 registry that removes entries), so this module sits below `hook_points`.
 """
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -45,6 +46,35 @@ class TensorConversion:
 
     def revert(self, input_value: Tensor, *full_context: Any) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} must define revert(x).")
+
+
+def batch_free(fn: HookFn) -> HookFn:
+    """``fn`` as TransformerLens' ``run_with_hooks(remove_batch_dim=True)`` calls it: a tensor whose leading
+    (batch) axis has size 1 reaches ``fn`` without it (a view, so an in-place edit is an edit), and a tensor it
+    returns gets the axis back; any other tensor reaches ``fn`` unchanged. Backward functions too (a returned
+    ``(grad,)`` keeps its form).
+
+    Example:
+        >>> shapes = []
+        >>> hook = batch_free(lambda x, hook: shapes.append(x.shape))
+        >>> hook(torch.zeros(1, 5, 8), None); shapes
+        [torch.Size([5, 8])]
+    """
+
+    def restore(out: Any) -> Any:
+        if isinstance(out, Tensor):
+            return out.unsqueeze(0)
+        if isinstance(out, tuple):
+            return tuple(restore(o) for o in out)
+        return out
+
+    @functools.wraps(fn)
+    def wrapped(tensor: Tensor, hook: Any) -> Any:
+        if not isinstance(tensor, Tensor) or tensor.dim() == 0 or tensor.shape[0] != 1:
+            return fn(tensor, hook)
+        return restore(fn(tensor[0], hook))
+
+    return wrapped
 
 
 class AliasView:

@@ -6,6 +6,7 @@ computes it (a *site*), and that torch hook exists only while some point it serv
 registered. With nothing registered the HF model runs its own code, untouched.
 """
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import MappingProxyType
@@ -230,12 +231,14 @@ class HookPoint:
         if self.bwd_hooks and tensor.requires_grad:
             # A fresh alias gives the gradient a node of its own, even when the site splits a tensor.
             tensor = tensor.view_as(tensor)
-            tensor.register_hook(self._run_bwd)
+            # The functions registered now run on this forward's gradient, even when the backward comes after they
+            # are removed (`run_with_hooks(bwd_hooks=...)` then `.backward()`, as in TransformerLens 4).
+            tensor.register_hook(functools.partial(self._run_bwd, list(self.bwd_hooks)))
         return tensor
 
-    def _run_bwd(self, grad: Tensor) -> Tensor | None:
+    def _run_bwd(self, entries: list[HookEntry], grad: Tensor) -> Tensor | None:
         conversion = self.hook_conversion
-        for entry in list(self.bwd_hooks):
+        for entry in entries:
             seen = grad if conversion is None else conversion.convert(grad)
             out = entry(seen)
             if isinstance(out, tuple) and len(out) == 1:  # TransformerLens' torch-style ``(grad,)``

@@ -21,6 +21,7 @@ from .cache import ActivationCache, check_pos_slice
 from .caching import CacheWriter, next_token_loss, next_token_losses
 from .checks import ArgumentValueError, check_bool, check_device, describe, suggest_keywords
 from .distributed import input_device
+from .hook_entries import batch_free
 from .hook_points import HookContext, NameOrFilter
 from .inputs import PaddingSide, check_attention_mask, split_4d_mask
 from .names import NameFilter
@@ -282,15 +283,21 @@ class Running:
         bwd_hooks: Sequence[tuple[NameOrFilter, Callable]] = (),
         reset_hooks_end: bool = True,
         clear_contexts: bool = False,
+        remove_batch_dim: bool = False,
         **forward_kwargs: Any,
     ) -> Any:
         """Run a forward with temporary hooks (removed afterwards, also on error); ``forward_kwargs``
-        go to `forward` (``return_type=None``, ``stop_at_layer`` …).
+        go to `forward` (``return_type=None``, ``stop_at_layer`` …). ``remove_batch_dim=True`` (TransformerLens):
+        each function sees a batch-1 tensor without its batch axis (a view: in-place edits count, a returned
+        tensor gets the axis back, `hook_entries.batch_free`); a larger batch reaches it unchanged.
 
         Example:
             >>> zero = lambda z, hook: z * 0
             >>> logits = model.run_with_hooks("Hi", fwd_hooks=[("blocks.0.attn.hook_z", zero)])
         """
+        if check_bool("remove_batch_dim", remove_batch_dim):
+            fwd_hooks = [(name, batch_free(fn)) for name, fn in fwd_hooks]
+            bwd_hooks = [(name, batch_free(fn)) for name, fn in bwd_hooks]
         with self.hooks(fwd_hooks, bwd_hooks, reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts):
             return self(input, **forward_kwargs)
 

@@ -325,3 +325,50 @@ def test_context_level_unwinds_after_failures(model):
         assert model.context_level == 1
         raise RuntimeError("boom")
     assert model.context_level == 0 and not model.hook_dict[POINT].fwd_hooks
+
+
+def test_run_with_hooks_remove_batch_dim_shows_batch_free_tensors(model):
+    """TransformerLens' ``run_with_hooks(remove_batch_dim=True)``: a batch-1 activation reaches the hook without
+    its batch axis; an in-place edit, a returned tensor and a backward edit act as without the flag (oracle: the
+    same hooks written for the batched layout); a larger batch reaches the hook unchanged."""
+    one, shapes = TOKENS[:1], []
+    observed = model.run_with_hooks(
+        one, fwd_hooks=[(POINT, lambda x, hook: shapes.append(x.shape))], remove_batch_dim=True
+    )
+    assert shapes == [(6, model.cfg.d_model)] and torch.equal(observed, model(one))
+
+    def zero_(x, hook):
+        x[..., 2, :] = 0
+
+    batched = model.run_with_hooks(one, fwd_hooks=[(POINT, zero_)])
+    assert not torch.equal(batched, model(one))
+    assert torch.equal(model.run_with_hooks(one, fwd_hooks=[(POINT, zero_)], remove_batch_dim=True), batched)
+    doubled = model.run_with_hooks(one, fwd_hooks=[(POINT, lambda x, hook: x * 2)], remove_batch_dim=True)
+    assert torch.equal(doubled, model.run_with_hooks(one, fwd_hooks=[(POINT, lambda x, hook: x * 2)]))
+
+    def grads_with(flag):
+        seen = []
+
+        def double(grad, hook):
+            seen.append(grad.shape)
+            return (2 * grad,)
+
+        model.hf_model.zero_grad()
+        model.run_with_hooks(one, bwd_hooks=[(POINT, double)], remove_batch_dim=flag).sum().backward()
+        return seen, [p.grad.clone() for p in model.blocks[0].module.parameters()]
+
+    (seen_flag, flag), (seen_ref, ref) = grads_with(True), grads_with(False)
+    model.hf_model.zero_grad()
+    with model.hooks(bwd_hooks=[(POINT, lambda g, hook: 2 * g)]):  # backward inside the context: the oracle
+        model(one).sum().backward()
+    inside = [p.grad.clone() for p in model.blocks[0].module.parameters()]
+    model.hf_model.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(ref, inside, strict=True))  # run_with_hooks' backward functions ran
+    assert seen_flag == [(6, model.cfg.d_model)] and seen_ref == [(1, 6, model.cfg.d_model)]
+    assert all(torch.equal(a, b) for a, b in zip(flag, ref, strict=True))
+
+    shapes.clear()
+    model.run_with_hooks(TOKENS, fwd_hooks=[(POINT, lambda x, hook: shapes.append(x.shape))], remove_batch_dim=True)
+    assert shapes == [(2, 6, model.cfg.d_model)]
+    with pytest.raises(TypeError, match="remove_batch_dim"):
+        model.run_with_hooks(one, remove_batch_dim="yes")

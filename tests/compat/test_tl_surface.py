@@ -143,6 +143,18 @@ def test_get_params_names_and_values(model):
         model.cfg.n_layers = model.cfg.n_layers + 1
 
 
+def test_tl_parameters_and_n_params_total(model):
+    """TransformerLens 4's names: ``tl_parameters()`` / ``tl_named_parameters()`` are `get_params`;
+    ``n_params_total`` counts the HF model's parameters once each (oracle: the distinct storages of its
+    state dict, so a tied unembedding counts once)."""
+    params = model.tl_parameters()
+    assert params.keys() == model.get_params().keys()
+    assert all(torch.equal(params[k], v) for k, v in model.tl_named_parameters())
+    distinct = {t.data_ptr(): t.numel() for t in model.hf_model.state_dict().values() if t.is_floating_point()}
+    buffers = {b.data_ptr() for b in model.hf_model.buffers()}
+    assert model.n_params_total == sum(n for ptr, n in distinct.items() if ptr not in buffers)
+
+
 # -- utils padding helpers -------------------------------------------------------------------------------
 def test_get_attention_mask_matches_the_tokenizer_mask():
     model = make_bridge("llama")
