@@ -58,13 +58,15 @@ class TransformerBridge(TransformerLensSurface, BridgeCore):
 
     @property
     def n_params_total(self) -> int:
-        """The HF model's parameter count, tied weights counted once (TransformerLens 4's ``n_params_total``).
+        """The HF model's parameter count as loaded, tied weights counted once (TransformerLens 4's
+        ``n_params_total``): weight processing's untied unembedding and zero biases are not counted.
 
         Example:
             >>> model.n_params_total == sum(p.numel() for p in model.hf_model.parameters())
             True
         """
-        return sum(p.numel() for p in self.hf_model.parameters())
+        loaded = self.__dict__.get("n_params_as_loaded")
+        return loaded if loaded is not None else sum(p.numel() for p in self.hf_model.parameters())
 
     def tl_parameters(self) -> dict[str, Any]:
         """TransformerLens' name for `get_params`: the weights under HookedTransformer's names, TL's shapes.

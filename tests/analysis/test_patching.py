@@ -321,7 +321,7 @@ def test_a_training_model_is_refused():
     _, cache = model.run_with_cache(CLEAN)
     model.hf_model.train()
     try:
-        with pytest.raises(ValueError, match=r"eval mode.*model.eval\(\)"):
+        with pytest.raises(ValueError, match=r"evaluation mode.*model.eval\(\)"):
             patching.get_act_patch_resid_pre(model, CORRUPTED, cache, metric)
     finally:
         model.hf_model.eval()

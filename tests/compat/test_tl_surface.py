@@ -4,6 +4,8 @@ composition scores from the raw per-head weights, get_params, the padding helper
 4's component-I/O spellings of hook points, and components called as their HF modules.
 """
 
+import copy
+
 import pytest
 import torch
 from conftest import make_bridge, perturb_
@@ -153,6 +155,10 @@ def test_tl_parameters_and_n_params_total(model):
     distinct = {t.data_ptr(): t.numel() for t in model.hf_model.state_dict().values() if t.is_floating_point()}
     buffers = {b.data_ptr() for b in model.hf_model.buffers()}
     assert model.n_params_total == sum(n for ptr, n in distinct.items() if ptr not in buffers)
+    processed = copy.deepcopy(model)
+    processed.enable_compatibility_mode()  # unties the unembedding and may add zero biases: not new parameters
+    assert processed.n_params_total == model.n_params_total
+    assert sum(p.numel() for p in processed.hf_model.parameters()) >= model.n_params_total
 
 
 # -- utils padding helpers -------------------------------------------------------------------------------

@@ -85,6 +85,8 @@ def process_weights(
     skipped = {s: why for s, why in skipped.items() if asked[s]}
     with torch.no_grad():
         if todo:
+            if "n_params_as_loaded" not in core.__dict__:  # `n_params_total`: untying and new biases do not count
+                core.__dict__["n_params_as_loaded"] = sum(p.numel() for p in core.hf_model.parameters())
             _untie_unembedding(core)
         layernorm = centred(core.adapter.norm)
         if "fold_ln" in todo:

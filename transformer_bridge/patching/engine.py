@@ -325,8 +325,8 @@ def _evaluator(
             out = out.detach() if isinstance(out, Tensor) else torch.as_tensor(out)
             if per_example and (out.dim() != 1 or out.shape[0] != batch):
                 raise ArgumentValueError(
-                    f"`patching_metric` {name!r} must return one value per corrupted example (a [{batch}] tensor) with "
-                    f"`reduce`={reduce!r}, got {describe(out)}."
+                    f"`patching_metric` {name!r} must return a [batch] tensor, one value per corrupted example "
+                    f"(a [{batch}] tensor) with `reduce`={reduce!r}, got {describe(out)}."
                 )
             if not per_example and out.dim() != 0:
                 raise ArgumentValueError(
@@ -368,7 +368,7 @@ def _check_model(model: Any) -> None:
     training = [name or "<model>" for name, m in model.hf_model.named_modules() if m.training]
     if training:
         raise ArgumentValueError(
-            f"Activation patching needs the model in eval mode (dropout would change every patched run); "
+            f"Activation patching needs the model in evaluation mode (dropout would change every patched run); "
             f"{training[:3]} {'are' if len(training) > 1 else 'is'} training. Call `model.eval()` first."
         )
 

@@ -154,7 +154,7 @@ class PatchingResult:
     def __getitem__(self, metric_name: str) -> "PatchingResult":
         """One metric's result, without the metric axis."""
         if metric_name not in self.metric_names:
-            raise KeyError(f"Unknown metric {metric_name!r}; this result has {self.metric_names}.")
+            raise KeyError(f"Unknown metric {metric_name!r}; the metrics you have here are {self.metric_names}.")
         if not self.has_metric_axis:
             return self
         i = self.metric_names.index(metric_name)
@@ -195,7 +195,7 @@ class PatchingResult:
         clean = torch.as_tensor(clean_baseline, dtype=self.values.dtype, device=self.values.device)
         if self.baseline is None or clean.shape != self.baseline.shape:
             want = None if self.baseline is None else tuple(self.baseline.shape)
-            raise ValueError(f"`clean_baseline` must have the baseline's shape {want}, got {tuple(clean.shape)}.")
+            raise ValueError(f"`clean_baseline` must match baseline shape {want}, got {tuple(clean.shape)}.")
         return (self.values - corrupted) / (clean.reshape(corrupted.shape) - corrupted)
 
     def bootstrap_ci(

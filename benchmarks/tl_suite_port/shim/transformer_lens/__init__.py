@@ -12,6 +12,7 @@ import importlib.machinery
 import sys
 import types
 
+import transformer_bridge.patching as _patching
 import transformer_bridge.utils as _utils
 from transformer_bridge import ActivationCache, HookedRootModule, HookPoint, TensorConversion
 from transformer_bridge.compat.dla_tool import DirectLogitAttribution, direct_logit_attribution
@@ -113,6 +114,7 @@ KNOWN.update({
     "transformer_lens.config.transformer_lens_config": {"TransformerLensConfig": TransformerLensConfig},
     "transformer_lens.utilities": dict(vars(_utils)),
     "transformer_lens.utilities.lm_utils": dict(vars(_utils)),
+    "transformer_lens.patching": dict(vars(_patching)),
     "transformer_lens.utilities.cache": {"get_pos_offset": _get_pos_offset},
     "transformer_lens.conversion_utils.conversion_steps.base_tensor_conversion": {
         "BaseTensorConversion": TensorConversion},
@@ -131,6 +133,7 @@ for _name in ("ActivationCache", "FactoredMatrix", "HookedRootModule", "HookedTr
 ActivationCache = KNOWN["transformer_lens.ActivationCache"]["ActivationCache"]
 FactoredMatrix = KNOWN["transformer_lens.FactoredMatrix"]["FactoredMatrix"]
 utilities = utils = importlib.import_module("transformer_lens.utilities")
+patching = importlib.import_module("transformer_lens.patching")
 HookedRootModule = KNOWN["transformer_lens.HookedRootModule"]["HookedRootModule"]
 HookedTransformer = Missing("transformer_lens.HookedTransformer")
 __all__ = ["ActivationCache", "FactoredMatrix", "HookPoint", "HookedRootModule", "TransformerBridge",
