@@ -12,6 +12,7 @@ from .adapters.base import centred
 from .mixers import holds
 from .moe import is_moe_block
 from .sites import get_module
+from .split_inputs import EXCLUSIVE, SWITCHES, Switches, refusals
 
 
 class ConfigFieldError(AttributeError, ValueError):
@@ -35,9 +36,14 @@ class BridgeConfig:
       ``[]``: at no EOS); ``bos_token_id`` is also the BOS that left-padded ids keep.
     - ``n_ctx``: the context limit inputs are checked and `to_tokens` truncates against.
     - ``use_attn_result``: True by default (``hook_result`` costs nothing until it is hooked or cached); False
-      switches ``attn.hook_result`` off, as in TransformerLens: caches leave it out and hooking it raises;
-      ``use_split_qkv_input`` / ``use_attn_in`` / ``use_hook_mlp_in``: False only (those points are not
-      offered, see docs/transformerlens.md).
+      switches ``attn.hook_result`` off, as in TransformerLens: caches leave it out and hooking it raises.
+    - ``use_split_qkv_input`` / ``use_attn_in`` / ``use_hook_mlp_in`` (False by default; TransformerLens'
+      switches, also ``model.set_use_split_qkv_input(True)`` …): switch on ``blocks.L.hook_q_input`` /
+      ``hook_k_input`` / ``hook_v_input``, ``hook_attn_in`` and ``hook_mlp_in``, copies of the residual stream
+      that the model reads (per head for Q / K / V, ln1 applied to each copy; see `split_inputs`). Off, their
+      points are off as ``hook_result`` is; on but unhooked they cost nothing. The first two are mutually
+      exclusive; a family that cannot honour one exactly (latent attention, state-space and hybrid models;
+      ``hook_mlp_in`` where one norm feeds attention and the MLP) refuses True with `ConfigFieldError`.
 
     Mixture-of-experts families set ``num_experts`` and ``experts_per_token`` (TransformerLens' names; None
     otherwise), with ``d_mlp`` one expert's width when no block is dense. State-space families (Mamba) have
@@ -77,6 +83,10 @@ class BridgeConfig:
     use_split_qkv_input: bool = False
     use_attn_in: bool = False
     use_hook_mlp_in: bool = False
+    # Why this model refuses a split-input switch (field -> reason; `split_inputs.refusals`); set by `bridge_config`.
+    split_refusals: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    # The bridge's switchable points (`split_inputs.Switches`): its hook_dict follows the switches above.
+    switches: Switches = field(default_factory=Switches, repr=False, compare=False)
     # Where assigned BOS / EOS ids are written through (the HF model's generation config); set by `bridge_config`.
     generation_config: Any = field(default=None, repr=False, compare=False)
     locked: bool = field(default=False, repr=False, compare=False)
@@ -89,7 +99,14 @@ class BridgeConfig:
         if rule is None:
             raise ConfigFieldError(_refusal(name))
         value = rule(self, value)
+        if name in SWITCHES and not value and (hooked := self.switches.hooked(name)):
+            raise ConfigFieldError(
+                f"`cfg.{name}` = False would switch off points that have hooks ({hooked[:3]}); remove them first "
+                "(`model.reset_hooks(including_permanent=True)`)."
+            )
         object.__setattr__(self, name, value)
+        if name in SWITCHES:
+            self.switches.show()  # hook_dict follows the switch
 
     def assigned(self) -> dict[str, Any]:
         """The values of the assignable fields (what a copy of the bridge carries over)."""
@@ -146,15 +163,6 @@ def _bool(name: str) -> Callable[[BridgeConfig, Any], bool]:
     return check
 
 
-def _only_false(name: str, why: str) -> Callable[[BridgeConfig, Any], bool]:
-    def check(cfg: BridgeConfig, value: Any) -> bool:
-        if value is not False:
-            raise ConfigFieldError(f"`cfg.{name}` can only be False here, got {value!r}: {why}")
-        return value
-
-    return check
-
-
 def _padding_side(cfg: BridgeConfig, value: Any) -> str:
     if value not in ("left", "right"):
         raise ConfigFieldError(f"`cfg.default_padding_side` must be 'left' or 'right', got {value!r}.")
@@ -185,7 +193,24 @@ def _token_ids(name: str, many: bool) -> Callable[[BridgeConfig, Any], Any]:
     return check
 
 
-_SPLIT = "the bridge does not offer TransformerLens' split-input points (docs/transformerlens.md)."
+def _split_flag(name: str) -> Callable[[BridgeConfig, Any], bool]:
+    """A split-input switch: True where the family can honour it exactly, and not with its exclusive twin."""
+    as_bool = _bool(name)
+
+    def check(cfg: BridgeConfig, value: Any) -> bool:
+        if as_bool(cfg, value) and (why := cfg.split_refusals.get(name)):
+            raise ConfigFieldError(f"`cfg.{name}` = True is not offered for model_type {cfg.model_type!r}: {why}.")
+        other = EXCLUSIVE.get(name)
+        if value and other and getattr(cfg, other):
+            raise ConfigFieldError(
+                f"`cfg.{name}` and `cfg.{other}` are mutually exclusive (TransformerLens' rule); set "
+                f"`cfg.{other} = False` (`model.set_{other}(False)`) before `cfg.{name} = True`."
+            )
+        return value
+
+    return check
+
+
 _ASSIGNABLE: dict[str, Callable[[BridgeConfig, Any], Any]] = {
     "default_prepend_bos": _bool("default_prepend_bos"),
     "default_padding_side": _padding_side,
@@ -194,9 +219,9 @@ _ASSIGNABLE: dict[str, Callable[[BridgeConfig, Any], Any]] = {
     "bos_token_id": _token_ids("bos_token_id", many=False),
     "n_ctx": _n_ctx,
     "use_attn_result": _bool("use_attn_result"),
-    "use_split_qkv_input": _only_false("use_split_qkv_input", _SPLIT),
-    "use_attn_in": _only_false("use_attn_in", _SPLIT),
-    "use_hook_mlp_in": _only_false("use_hook_mlp_in", _SPLIT),
+    "use_split_qkv_input": _split_flag("use_split_qkv_input"),
+    "use_attn_in": _split_flag("use_attn_in"),
+    "use_hook_mlp_in": _split_flag("use_hook_mlp_in"),
 }
 
 
@@ -243,6 +268,7 @@ def bridge_config(model: PreTrainedModel, adapter: Adapter, tokenizer: Any = Non
         device=next(model.parameters()).device,
         tokenizer_appends_eos=_appends_eos(tokenizer),
         generation_config=getattr(model, "generation_config", None),
+        split_refusals=refusals(model, adapter, blocks, parallel),
         locked=True,
     )
 

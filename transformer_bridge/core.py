@@ -85,6 +85,7 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
             )
         self._set_points(sites.points, self.cfg.n_layers)
         self.names.off = self._points_off
+        self.cfg.switches.attach(self, sites.points)  # hook_dict: the points the switches leave on
         mesh = tp_mesh(hf_model)
         if mesh is not None:  # tensor parallel: hooks on head / neuron points see gathered tensors
             attach_shard_specs(sites.points, mesh, self.cfg)
@@ -188,12 +189,10 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
 
     # -- hooks --------------------------------------------------------------------------------
     def _points_off(self) -> dict[str, str]:
-        """The points the config switches off: ``attn.hook_result`` under ``cfg.use_attn_result=False``
-        (TransformerLens' switch; caches then leave it out, and hooking it raises)."""
-        if self.cfg.use_attn_result:
-            return {}
-        why = "`cfg.use_attn_result` is False; call `model.set_use_attn_result(True)` to hook or cache it."
-        return {n: why for n in self.hook_dict if n.endswith(".attn.hook_result")}
+        """The points the config switches off (TransformerLens' switches, `split_inputs.SWITCHES`): ``attn.hook_result``
+        under ``cfg.use_attn_result=False``, the split-input points while their flag is False. They are not in
+        ``hook_dict``, caches leave them out, and naming one raises."""
+        return self.cfg.switches.off(self.cfg)
 
     def _sync_sites(self, point: HookPoint) -> None:
         """Attach exactly the sites a hooked point needs (the registry's ``sync``)."""

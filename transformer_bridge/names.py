@@ -32,6 +32,7 @@ _SHORT = {
     "router_logits": "mlp", "expert_weights": "mlp", "expert_pre": "mlp", "expert_post": "mlp",
     "expert_result": "mlp", "shared_pre": "mlp", "shared_post": "mlp", "shared_gate": "mlp",
     "mixer_out": "block", "kv_latent": "attn", "k_rope": "attn",
+    "attn_in": "block", "q_input": "block", "k_input": "block", "v_input": "block", "mlp_in": "block",
     "scale": "norm", "normalized": "norm",
 }  # fmt: skip
 _RENAME = {"scores": "attn_scores", "attn": "pattern"}
@@ -43,6 +44,8 @@ _TL4_BLOCK = {
     "attn.q.hook_out": "attn.hook_q", "attn.k.hook_out": "attn.hook_k", "attn.v.hook_out": "attn.hook_v",
     "attn.o.hook_in": "attn.hook_z", "attn.hook_out": "hook_attn_out", "mlp.hook_out": "hook_mlp_out",
     "mlp.in.hook_out": "mlp.hook_pre", "mlp.out.hook_in": "mlp.hook_post",
+    "attn.hook_attn_in": "hook_attn_in", "attn.hook_q_input": "hook_q_input", "attn.hook_k_input": "hook_k_input",
+    "attn.hook_v_input": "hook_v_input",
 }  # fmt: skip
 _TL4_MODEL = {"embed.hook_in": "hook_tokens", "embed.hook_out": "hook_embed", "pos_embed.hook_out": "hook_pos_embed"}
 
@@ -81,7 +84,8 @@ class UnknownHookError(KeyError):
 
 
 class HookOffError(ValueError):
-    """A hook point a setting switches off was named (``attn.hook_result`` under ``cfg.use_attn_result=False``)."""
+    """A hook point a setting switches off was named (``attn.hook_result`` under ``cfg.use_attn_result=False``, the
+    split-input points ``hook_q_input`` … while their ``cfg`` switch is False)."""
 
 
 class LayerOutOfRangeError(KeyError, IndexError):

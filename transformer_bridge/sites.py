@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from . import attention, mixers, mla, moe
+from . import attention, mixers, mla, moe, split_inputs
 from .adapters import Adapter
 from .distributed import local_param, o_proj_weight, onloaded, sum_over_ranks
 from .hook_points import HookPoint, HookRegistry
@@ -232,7 +232,7 @@ class SiteMap:
 
     points: dict[str, HookPoint]
     sites_for: dict[str, list]
-    stash: dict[int, Tensor]
+    stash: dict[int | tuple, Tensor]  # resid_pre per layer; (layer, kind): the split inputs' per-forward state
 
 
 def build_sites(
@@ -247,7 +247,7 @@ def build_sites(
     """Create every hook point of ``model`` in canonical TransformerLens order, with its sites."""
     points: dict[str, HookPoint] = {}
     sites_for: dict[str, list] = {}
-    stash: dict[int, Tensor] = {}
+    stash: dict[int | tuple, Tensor] = {}
 
     def add(name: str, site, key: str = "", extra: tuple = ()) -> None:
         point = HookPoint(name, registry)
@@ -274,6 +274,8 @@ def build_sites(
         add("ln_embed.hook_normalized", final, "embed_normalized")
 
     blocks = get_module(model, adapter.blocks)
+    refused = split_inputs.refusals(model, adapter, blocks, parallel)
+    split_offered, mlp_in_offered = "use_attn_in" not in refused, "use_hook_mlp_in" not in refused
     for layer, block in enumerate(blocks):
         p = f"blocks.{layer}."
 
@@ -287,7 +289,8 @@ def build_sites(
 
         resid_pre = site(block, "pre", stash_resid_pre)
         add(p + "hook_resid_pre", resid_pre)
-        if (ln1_module := optional_module(block, adapter.ln1)) is not None:  # OLMo 2: no norm before attention
+        ln1_module = optional_module(block, adapter.ln1)
+        if ln1_module is not None:  # OLMo 2: no norm before attention
             add(p + "ln1.hook_scale", ln1 := site(ln1_module, "post", norm(adapter.norm, ln1_module)), "scale")
             add(p + "ln1.hook_normalized", ln1, "normalized")
 
@@ -308,15 +311,19 @@ def build_sites(
                         ln_site = site(latent_ln, "post", norm(adapter.norm, latent_ln))
                         add(p + f"attn.{key}.hook_scale", ln_site, "scale")
                         add(p + f"attn.{key}.hook_normalized", ln_site, "normalized")
-            elif adapter.qkv is None:
-                for key in "qkv":
-                    heads_here = n_heads if key == "q" else n_kv
-                    proj = m(getattr(adapter, key))
-                    add(p + f"attn.hook_{key}", site(proj, "post", heads(heads_here, d_head)))
             else:
-                fused = site(m(adapter.qkv), "post", fused_qkv(adapter.qkv_layout, n_heads, n_kv, d_head))
+                if adapter.qkv is None:
+                    proj = {k: site(m(getattr(adapter, k)), "post", heads(n_heads if k == "q" else n_kv, d_head))
+                            for k in "qkv"}  # fmt: skip
+                else:
+                    fused = site(m(adapter.qkv), "post", fused_qkv(adapter.qkv_layout, n_heads, n_kv, d_head))
+                    proj = dict.fromkeys("qkv", fused)
+                if split_offered:  # the split-input points run before hook_q / k / v, on the same sites
+                    _split_points(add, site, proj, split_inputs.SplitLayer(
+                        layer, stash, registry, ln1_module, adapter.qkv_layout, n_heads, n_kv, d_head, adapter.conv1d
+                    ), ln1_module or m(adapter.attn), p)  # fmt: skip
                 for key in "qkv":
-                    add(p + f"attn.hook_{key}", fused, key)
+                    add(p + f"attn.hook_{key}", proj[key], "" if adapter.qkv is None else key)
 
             for key in ("q_norm", "k_norm"):
                 # GLM-4 MoE builds its q/k norms only when its config asks (`use_qk_norm`).
@@ -369,6 +376,9 @@ def build_sites(
             if not parallel and ffn_here:
                 add(p + "hook_resid_mid", attn_out_site, "mid", extra=(resid_pre,))
 
+        if ffn_here and mlp_in_offered:  # TransformerLens' hook_mlp_in: the MLP branch's input, a copy
+            branch = split_inputs.mlp_branch(block, adapter, parallel)
+            add(p + "hook_mlp_in", site(branch, "pre", split_inputs.mlp_in(registry)))
         if ffn_here:
             # One norm feeds both in parallel blocks (Phi, GPT-J; Falcon's parallel blocks lack the attribute).
             if (ln2_module := optional_module(block, adapter.ln2, may_be_absent=parallel)) is not None:
@@ -408,6 +418,21 @@ def build_sites(
     add("unembed.hook_in", site(unembed, "pre", identity))
     add("unembed.hook_out", site(unembed, "post", identity))
     return SiteMap(points, sites_for, stash)
+
+
+def _split_points(add: Callable, site: Callable, proj: dict, split: "split_inputs.SplitLayer", before, p: str) -> None:
+    """The split-input points of one attention layer: ``split.capture`` on ``before`` (ln1, or the attention
+    module without one) keeps the residual they copy; each projection site runs them before its own points."""
+    capture = site(before, "pre", split.capture)
+    for s in dict.fromkeys(proj.values()):
+        s.process = split.around(s.module, "".join(k for k in "qkv" if proj[k] is s), s.process)
+    every = tuple(dict.fromkeys(proj.values()))
+    add(p + "hook_attn_in", proj["q"], "attn_in", extra=(*every[1:], capture))
+    for key in "qkv":
+        add(p + f"hook_{key}_input", proj[key], f"{key}_input", extra=(capture,))
+    split.points.update(
+        {k: proj["q" if k == "attn_in" else k[0]].points[k] for k in ("attn_in", "q_input", "k_input", "v_input")}
+    )
 
 
 def _keyed(key: str) -> Callable:

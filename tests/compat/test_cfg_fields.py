@@ -97,13 +97,14 @@ def test_use_attn_result_false_switches_hook_result_off(model):
     assert "blocks.0.attn.hook_result" in model.run_with_cache(tokens, names_filter="result")[1]
 
 
-def test_split_input_flags_accept_false_only(model):
+def test_split_input_flags_take_bools(model):
     model.cfg.use_attn_result = False
     model.cfg.use_attn_result = True
-    for flag in ("use_split_qkv_input", "use_attn_in", "use_hook_mlp_in"):
+    for flag in ("use_split_qkv_input", "use_attn_in", "use_hook_mlp_in"):  # what they do: test_split_inputs.py
+        setattr(model.cfg, flag, True)
         setattr(model.cfg, flag, False)
         with pytest.raises(ConfigFieldError, match=f"cfg.{flag}"):
-            setattr(model.cfg, flag, True)
+            setattr(model.cfg, flag, 1)
 
 
 @pytest.mark.parametrize(

@@ -475,3 +475,34 @@ class TransformerLensSurface:
         """
         check_bool("use_attn_result", use_attn_result)
         self.cfg.use_attn_result = use_attn_result  # TransformerLens' cfg field, which reads it back
+
+    def set_use_split_qkv_input(self: BridgeCore, use_split_qkv_input: bool) -> None:
+        """TransformerLens' switch (``cfg.use_split_qkv_input``) for ``blocks.L.hook_q_input`` / ``hook_k_input`` /
+        ``hook_v_input``: per-head copies of the residual that Q, K and V read (`split_inputs`); an edit of head
+        ``h``'s copy changes head ``h``'s query (or key, value) only. Refused with `config.ConfigFieldError` while
+        ``use_attn_in`` is on, or where the family cannot honour it exactly.
+
+        Example:
+            >>> model.set_use_split_qkv_input(True)
+            >>> model.run_with_hooks("Hi", fwd_hooks=[("blocks.0.hook_q_input", lambda x, hook: x * 0.5)])
+        """
+        self.cfg.use_split_qkv_input = check_bool("use_split_qkv_input", use_split_qkv_input)
+
+    def set_use_attn_in(self: BridgeCore, use_attn_in: bool) -> None:
+        """TransformerLens' switch (``cfg.use_attn_in``) for ``blocks.L.hook_attn_in``: one copy of the residual
+        per query head that feeds Q, K and V (kv head ``g`` reads copy ``g``). Exclusive with
+        ``use_split_qkv_input``.
+
+        Example:
+            >>> model.set_use_attn_in(True)
+        """
+        self.cfg.use_attn_in = check_bool("use_attn_in", use_attn_in)
+
+    def set_use_hook_mlp_in(self: BridgeCore, use_hook_mlp_in: bool) -> None:
+        """TransformerLens' switch (``cfg.use_hook_mlp_in``) for ``blocks.L.hook_mlp_in``: a copy of the MLP
+        branch's input that the MLP reads (the residual its output joins keeps the unedited tensor).
+
+        Example:
+            >>> model.set_use_hook_mlp_in(True)
+        """
+        self.cfg.use_hook_mlp_in = check_bool("use_hook_mlp_in", use_hook_mlp_in)
