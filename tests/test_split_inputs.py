@@ -320,3 +320,29 @@ def test_transformerlens_4_spellings_resolve_to_the_one_point(model):
     model.set_use_split_qkv_input(False)
     model.set_use_attn_in(True)
     assert model.names_matching("blocks.0.attn.hook_attn_in") == ["blocks.0.hook_attn_in"]
+
+
+def test_every_family_splits_exactly_or_refuses(family):
+    """Over every dense and MoE family of conftest: each head's copy edited at once in Q, K and V matches the hand
+    oracle, or the family refuses (latent attention)."""
+    model = perturb_(make_bridge(family))
+    if model.adapter.mla:
+        with pytest.raises(ConfigFieldError, match="latent attention"):
+            model.set_use_split_qkv_input(True)
+        return
+    model.set_use_split_qkv_input(True)
+    layer, heads = 1, {"q": 1, "k": model.cfg.n_kv_heads - 1, "v": 0}
+    base = cached(model)
+    new_copy = base["resid_pre", layer].flip(1) * 0.9
+
+    def put(head):
+        def edit(x, hook):
+            x[:, :, head] = new_copy
+
+        return edit
+
+    edits = [(f"blocks.{layer}.hook_{k}_input", put(h)) for k, h in heads.items()]
+    cache = cached(model, edits)
+    for kind, head in heads.items():
+        expected = by_hand(model, layer, new_copy, kind)[:, :, head]
+        torch.testing.assert_close(cache[kind, layer][:, :, head], expected, atol=1e-5, rtol=0)

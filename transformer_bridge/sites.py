@@ -319,8 +319,9 @@ def build_sites(
                     fused = site(m(adapter.qkv), "post", fused_qkv(adapter.qkv_layout, n_heads, n_kv, d_head))
                     proj = dict.fromkeys("qkv", fused)
                 if split_offered:  # the split-input points run before hook_q / k / v, on the same sites
+                    layout = adapter.qkv_layout if adapter.qkv else "separate"  # GPT-Neo keeps GPT-2's "concat"
                     _split_points(add, site, proj, split_inputs.SplitLayer(
-                        layer, stash, registry, ln1_module, adapter.qkv_layout, n_heads, n_kv, d_head, adapter.conv1d
+                        layer, stash, registry, ln1_module, layout, n_heads, n_kv, d_head, adapter.conv1d
                     ), ln1_module or m(adapter.attn), p)  # fmt: skip
                 for key in "qkv":
                     add(p + f"attn.hook_{key}", proj[key], "" if adapter.qkv is None else key)
