@@ -263,8 +263,20 @@ def test_return_dict_keeps_the_stacked_logits_and_beams_take_return_dict_in_gene
     theirs = hf(model, tokens, max_new_tokens=4, num_beams=3, return_dict_in_generate=True, output_scores=True)
     assert torch.equal(beams.sequences, theirs.sequences)
     torch.testing.assert_close(beams.sequences_scores, theirs.sequences_scores)
+    # TransformerLens 4's rule: `output_scores` / `output_logits` alone return what `return_dict_in_generate=True`
+    # returns (HF's tuples); said False explicitly, the flag is refused (HF would ignore it).
+    for flag in ("output_scores", "output_logits"):
+        alone = model.generate(tokens, max_new_tokens=3, **{flag: True})
+        theirs = hf(model, tokens, max_new_tokens=3, return_dict_in_generate=True, **{flag: True})
+        assert torch.equal(alone.sequences, theirs.sequences)
+        records = getattr(alone, flag.removeprefix("output_"))
+        assert isinstance(records, tuple) and len(records) == 3
+        for mine, hfs in zip(records, getattr(theirs, flag.removeprefix("output_")), strict=True):
+            torch.testing.assert_close(mine, hfs)
     with pytest.raises(ValueError, match=r"`output_scores`.*`return_dict=True` \(or HF's `return_dict_in_generate"):
-        model.generate(tokens, max_new_tokens=2, output_scores=True)
+        model.generate(tokens, max_new_tokens=2, output_scores=True, return_dict_in_generate=False)
+    with pytest.raises(ValueError, match=r"`top_logprobs`.*`return_dict=True`"):
+        model.generate(tokens, max_new_tokens=2, top_logprobs=2)  # this library's record: no TransformerLens rule
 
 
 # -- TransformerLens keywords ----------------------------------------------------------------------

@@ -70,6 +70,26 @@ def generate(
     return_cache: Literal[False] = ..., **kwargs: Any,
 ) -> GenerationOutput: ...  # fmt: skip
 @overload
+def generate(  # TransformerLens 4: `output_logits=True` / `output_scores=True` alone return the output object
+    model, input: Prompt = ..., max_new_tokens: int | None = ..., *, output_logits: Literal[True],
+    return_cache: Literal[False] = ..., **kwargs: Any,
+) -> GenerationOutput: ...  # fmt: skip
+@overload
+def generate(
+    model, input: Prompt = ..., max_new_tokens: int | None = ..., *, output_scores: Literal[True],
+    return_cache: Literal[False] = ..., **kwargs: Any,
+) -> GenerationOutput: ...  # fmt: skip
+@overload
+def generate(
+    model, input: Prompt = ..., max_new_tokens: int | None = ..., *, output_logits: Literal[True],
+    return_cache: Literal[True], **kwargs: Any,
+) -> tuple[GenerationOutput, ActivationCache]: ...  # fmt: skip
+@overload
+def generate(
+    model, input: Prompt = ..., max_new_tokens: int | None = ..., *, output_scores: Literal[True],
+    return_cache: Literal[True], **kwargs: Any,
+) -> tuple[GenerationOutput, ActivationCache]: ...  # fmt: skip
+@overload
 def generate(
     model, input: Prompt = ..., max_new_tokens: int | None = ..., *, return_dict: Literal[False] = ...,
     return_dict_in_generate: Literal[False] | None = ..., return_cache: Literal[True], **kwargs: Any,

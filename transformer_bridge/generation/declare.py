@@ -280,9 +280,11 @@ OPTIONS: tuple[Option, ...] = (
            paths=_NOT_STREAM, elsewhere=_STREAM_RECORDS),
     Option("top_logprobs", 0, "with ``return_dict``: the k best alternatives per step.", _OUT, source="openai",
            paths=ALL - {"stream", "beams"}, elsewhere=_STREAM_RECORDS + " " + _NO_RECORDS_BEAMS),
-    Option("output_logits", None, "with ``return_dict``: the raw logits ``[batch, new, d_vocab]``.", _OUT,
+    Option("output_logits", None, "with ``return_dict``: the raw logits ``[batch, new, d_vocab]``; alone "
+           "(TransformerLens 4): the output of ``return_dict_in_generate=True``.", _OUT,
            config=True, paths=ALL - {"stream", "beams"}, elsewhere=_STREAM_RECORDS + " " + _NO_RECORDS_BEAMS),
-    Option("output_scores", None, "with ``return_dict``: HF's ``scores`` (processed, and warped when sampling).",
+    Option("output_scores", None, "with ``return_dict``: HF's ``scores`` (processed, and warped when sampling); "
+           "alone: as ``output_logits``.",
            _OUT, config=True, paths=ALL - {"stream", "beams"}, elsewhere=_STREAM_RECORDS + " " + _NO_RECORDS_BEAMS),
     Option("return_input_tokens", False, "also return the prompt as fed to the model (left-padded ids, BOS "
            "handling done; or the embeddings): ``(output, input_tokens)``, ``(output, cache, input_tokens)`` with "

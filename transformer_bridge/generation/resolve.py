@@ -144,6 +144,10 @@ def prepare(model: BridgeCore, a: Mapping[str, Any]) -> Request:
         )
     hf_layout = settings("return_dict_in_generate", a["return_dict_in_generate"], False)
     check_bool("return_dict_in_generate", hf_layout)
+    if not (a["return_dict"] or hf_layout) and a["return_dict_in_generate"] is None:
+        # TransformerLens 4's rule: `output_logits=True` / `output_scores=True` passed alone return HF's output
+        # object (`sequences`, and the records as HF lays them out), what `return_dict_in_generate=True` returns.
+        hf_layout = any(a[k] is True for k in ("output_logits", "output_scores"))
     return_dict = a["return_dict"] or hf_layout
     outputs = {k: a[k] for k in ("output_logits", "output_scores")}
     if not return_dict:
