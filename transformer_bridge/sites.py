@@ -9,7 +9,7 @@ that depends on it) has a function registered.
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -232,7 +232,7 @@ class SiteMap:
 
     points: dict[str, HookPoint]
     sites_for: dict[str, list]
-    stash: dict[int | tuple, Tensor]  # resid_pre per layer; (layer, kind): the split inputs' per-forward state
+    stash: dict[int | tuple, Any]  # resid_pre per layer; (layer, kind): the split inputs' per-forward state
 
 
 def build_sites(
@@ -247,7 +247,7 @@ def build_sites(
     """Create every hook point of ``model`` in canonical TransformerLens order, with its sites."""
     points: dict[str, HookPoint] = {}
     sites_for: dict[str, list] = {}
-    stash: dict[int | tuple, Tensor] = {}
+    stash: dict[int | tuple, Any] = {}
 
     def add(name: str, site, key: str = "", extra: tuple = ()) -> None:
         point = HookPoint(name, registry)
