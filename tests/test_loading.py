@@ -27,6 +27,8 @@ def test_no_option_is_the_plain_load(saved):
     model = TransformerBridge.from_pretrained(saved["llama"])
     reference = TransformerBridge(make_hf("llama"))
     assert torch.equal(model(TOKENS), reference(TOKENS))
+    # cfg.model_name is what it was loaded from (TransformerLens' meaning), the model type for an unsaved model
+    assert model.cfg.model_name == str(saved["llama"]) and reference.cfg.model_name == "llama"
 
 
 def test_n_ctx_of_a_rotary_model_sets_the_context_and_keeps_the_weights(saved):

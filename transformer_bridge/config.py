@@ -74,6 +74,7 @@ class BridgeConfig:
     eos_token_id: int | list[int] | None = None
     bos_token_id: int | None = None
     tokenizer_name: str | None = None
+    name_or_path: str | None = None  # what the HF model was loaded from (its config's ``_name_or_path``)
     num_experts: int | None = None
     experts_per_token: int | None = None
     dtype: torch.dtype = torch.float32
@@ -133,7 +134,8 @@ class BridgeConfig:
 
     @property
     def model_name(self) -> str:
-        return self.tokenizer_name or self.model_type
+        """What the model was loaded from (HF's ``config._name_or_path``), else its tokenizer's, else its type."""
+        return self.name_or_path or self.tokenizer_name or self.model_type
 
 
 _READ_OFF = ("dtype", "device")
@@ -264,6 +266,7 @@ def bridge_config(model: PreTrainedModel, adapter: Adapter, tokenizer: Any = Non
         eos_token_id=_first_id(getattr(tokenizer, "eos_token_id", None), getattr(c, "eos_token_id", None)),
         bos_token_id=_first_id(getattr(tokenizer, "bos_token_id", None), getattr(c, "bos_token_id", None)),
         tokenizer_name=getattr(tokenizer, "name_or_path", None) or None,
+        name_or_path=getattr(c, "_name_or_path", None) or None,
         dtype=next(model.parameters()).dtype,
         device=next(model.parameters()).device,
         tokenizer_appends_eos=_appends_eos(tokenizer),

@@ -60,6 +60,7 @@ def tiny_model(name: str, config=None, dtype=None, attn_implementation=None, **_
     if attn_implementation is not None:
         cfg._attn_implementation = attn_implementation
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype or torch.float32)
+    model.config._name_or_path = str(name)  # as HF's from_pretrained records it
     return model.eval()
 
 

@@ -290,7 +290,7 @@ def test_a_setter_that_returns_a_new_tensor_and_text_input():
         (lambda m, c: patching.get_act_patch_resid_pre(m, CORRUPTED, c, lambda lg: lg[0, -1]), ValueError,
          r"must return a scalar with reduce='scalar'"),
         (lambda m, c: patching.get_act_patch_resid_pre(m, CORRUPTED, c, metric, reduce="none"), ValueError,
-         r"one value per corrupted example \(a \[1\] tensor\)"),
+         r"one value per corrupted example \(length 1\)"),
         (lambda m, c: patching.get_act_patch_resid_pre(m, CORRUPTED, c, metric, patches_per_forward=0), ValueError,
          r"`patches_per_forward` must be an int >= 1, got 0"),
         (lambda m, c: patching.get_act_patch_resid_pre(m, CORRUPTED, c, metric, patches_per_froward=2), TypeError,

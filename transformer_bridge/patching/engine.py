@@ -326,7 +326,7 @@ def _evaluator(
             if per_example and (out.dim() != 1 or out.shape[0] != batch):
                 raise ArgumentValueError(
                     f"`patching_metric` {name!r} must return a [batch] tensor, one value per corrupted example "
-                    f"(a [{batch}] tensor) with `reduce`={reduce!r}, got {describe(out)}."
+                    f"(length {batch}) with `reduce`={reduce!r}, got {describe(out)}."
                 )
             if not per_example and out.dim() != 0:
                 raise ArgumentValueError(
