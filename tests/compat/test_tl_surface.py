@@ -134,8 +134,14 @@ def test_get_params_names_and_values(model):
     assert torch.equal(params["embed.W_E"], model.W_E)
     assert torch.equal(params["unembed.W_U"], model.W_U) and torch.equal(params["unembed.b_U"], model.b_U)
     for layer in range(model.cfg.n_layers):
-        for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_O"):
+        for name in ("W_Q", "W_O", "b_Q", "b_O"):
             assert torch.equal(params[f"blocks.{layer}.attn.{name}"], getattr(model.blocks[layer].attn, name))
+        group = model.cfg.n_heads // model.cfg.n_kv_heads  # GQA: query head h reads kv head h // group
+        for name in ("W_K", "W_V", "b_K", "b_V"):
+            kv = getattr(model.blocks[layer].attn, name)
+            expanded = params[f"blocks.{layer}.attn.{name}"]
+            assert expanded.shape[0] == model.cfg.n_heads
+            assert all(torch.equal(expanded[h], kv[h // group]) for h in range(model.cfg.n_heads))
         for name in ("W_in", "W_out", "b_out"):
             assert torch.equal(params[f"blocks.{layer}.mlp.{name}"], getattr(model.blocks[layer].mlp, name))
     assert ("pos_embed.W_pos" in params) == (model.cfg.positional_embedding_type == "standard")

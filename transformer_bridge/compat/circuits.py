@@ -21,6 +21,7 @@ from .factored import FactoredMatrix
 
 _ATTN = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
 _MLP = ("W_in", "W_gate", "b_in", "W_out", "b_out")
+_KV = ("W_K", "W_V", "b_K", "b_V")
 
 
 class CompositionScores(Tensor):
@@ -49,7 +50,10 @@ def composition_scores(left: FactoredMatrix, right: FactoredMatrix) -> Float[Ten
 
 def get_params(core: BridgeCore) -> dict[str, Tensor]:
     """HookedTransformer's parameter names → the bridge's weights (``embed.W_E``, ``blocks.0.attn.W_Q`` …,
-    ``unembed.W_U``). Shapes are TransformerLens'; the unembedding is the folded one (see `compat.weights`)."""
+    ``unembed.W_U``). Shapes are TransformerLens': a GQA model's ``W_K`` / ``W_V`` / ``b_K`` / ``b_V`` have its kv
+    heads repeated to ``n_heads`` (row ``h`` is query head ``h``'s, as HookedTransformer's and TransformerLens 4's
+    ``get_params``; ``blocks[l].attn.W_K`` keeps the kv heads); the unembedding is the folded one (see
+    `compat.weights`)."""
     n_blocks = len(get_module(core.hf_model, core.adapter.blocks))
     if core.cfg.n_layers != n_blocks:
         raise ValueError(
@@ -64,8 +68,8 @@ def get_params(core: BridgeCore) -> dict[str, Tensor]:
             for name in names:
                 if name not in table:
                     continue
-                try:
-                    value = table[name](core, layer)
+                try:  # a GQA model's kv heads repeated to n_heads, as HookedTransformer's W_K / W_V read
+                    value = table[name](core, layer, kv_heads=False) if name in _KV else table[name](core, layer)
                 except weights.WeightNotAvailableError:
                     continue
                 if value is not None:  # W_gate of an ungated MLP
