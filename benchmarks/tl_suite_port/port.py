@@ -35,9 +35,13 @@ def port(tl_tests: Path, out: Path) -> None:
     shutil.rmtree(tests, ignore_errors=True)
     tests.mkdir(parents=True)
     (tests / "__init__.py").write_text("")
-    for helper in ("goldens.py", "typecheck_errors.py"):  # imported as `tests.<helper>` by some files
+    # Helpers some files import as `tests.<path>`, copied where they live in TL's tree.
+    for helper in ("goldens.py", "typecheck_errors.py", "tiny_checkpoints.py", "integration/model_bridge/helpers.py"):
         if (tl_tests / helper).exists():
+            (tests / helper).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(tl_tests / helper, tests / helper)
+    for package in ("integration", "integration/model_bridge"):
+        (tests / package / "__init__.py").touch()
     for src, dst in files():
         shutil.copy(tl_tests / src, tests / dst)
     for name in ("conftest.py", "tiny.py"):

@@ -164,3 +164,25 @@ def test_stop_at_eos_true_needs_an_eos_id():
     first = int(free[0, 3])
     stopped = model.generate(prompt, max_new_tokens=3, stop_at_eos=True, eos_token_id=first, do_sample=False)
     assert stopped.shape == (1, 4) and int(stopped[0, -1]) == first
+
+
+def test_hf_generate_stop_at_eos_false_stops_at_no_eos():
+    """``stop_at_eos=False`` must not stop at the EOS of HF's generation config, whatever ``eos_token_id`` says
+    (it was silently ignored); True stops at the explicit id, else the tokenizer's. Oracle: a model whose weights
+    are all zero predicts token 0 (its EOS) at every step; HF's own loop with ``eos_token_id=None``."""
+    model = make_bridge("gpt2")
+    with torch.no_grad():
+        for p in model.hf_model.parameters():
+            p.zero_()
+    model.hf_model.generation_config.eos_token_id = 0
+    model.tokenizer = None
+    tokens = torch.tensor([[1, 5]])
+    for explicit in (None, 0, 1):
+        free = model.hf_generate(tokens, max_new_tokens=3, do_sample=False, stop_at_eos=False, eos_token_id=explicit)
+        assert free.tolist() == [[1, 5, 0, 0, 0]]
+        stopping = model.hf_generate(tokens, max_new_tokens=3, do_sample=False, eos_token_id=explicit)
+        assert stopping.shape[1] == (5 if explicit == 1 else 3)  # EOS 1 never comes; 0 ends it after one token
+    ref = model.hf_model.generate(tokens, attention_mask=torch.ones_like(tokens), max_new_tokens=3, do_sample=False,
+                                  eos_token_id=None, pad_token_id=model.pad_token_id)  # fmt: skip
+    assert torch.equal(model.hf_generate(tokens, max_new_tokens=3, do_sample=False, stop_at_eos=False), ref)
+    assert model.hf_model.generation_config.eos_token_id == 0  # the model's config is left as it was

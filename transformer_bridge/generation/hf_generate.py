@@ -61,9 +61,12 @@ def hf_generate(
     if do_sample:  # TransformerLens passes the temperature, and top-k / top-p only when given
         options["temperature"] = temperature
         options.update({k: v for k, v in (("top_k", top_k), ("top_p", top_p)) if v is not None})
-    # TransformerLens' rule: an explicit EOS id, else the tokenizer's when stopping at EOS (HF's config otherwise).
+    # TransformerLens' rule: an explicit EOS id, else the tokenizer's (HF's config otherwise); `stop_at_eos=False`
+    # stops at no EOS, not even the one HF's generation config names (HF takes None as "no EOS").
     eos = eos_token_id if eos_token_id is not None else getattr(model.tokenizer, "eos_token_id", None)
-    if eos is not None and (stop_at_eos or eos_token_id is not None):
+    if not stop_at_eos:
+        options["eos_token_id"] = None
+    elif eos is not None:
         options["eos_token_id"] = eos
     generation_kwargs.setdefault("pad_token_id", model.pad_token_id)
     with model.bridged(None):
