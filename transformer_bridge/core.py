@@ -192,7 +192,7 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         """The points the config switches off (TransformerLens' switches, `split_inputs.SWITCHES`): ``attn.hook_result``
         under ``cfg.use_attn_result=False``, the split-input points while their flag is False. They are not in
         ``hook_dict``, caches leave them out, and naming one raises."""
-        return self.cfg.switches.off(self.cfg)
+        return self.cfg.switches.current  # read at every name lookup: kept up to date by each switch, not recomputed
 
     def _sync_sites(self, point: HookPoint) -> None:
         """Attach exactly the sites a hooked point needs (the registry's ``sync``)."""

@@ -64,6 +64,7 @@ class Switches:
         self.registry: weakref.ref | None = None
         self.points: dict[str, HookPoint] = {}
         self.memo: dict[tuple[bool, ...], dict[str, str]] = {}
+        self.current: dict[str, str] = {}  # `off` for the attached bridge's config as it is now (kept by `show`)
 
     def __deepcopy__(self, memo: dict) -> "Switches":
         return Switches()
@@ -93,7 +94,7 @@ class Switches:
         """Make the bridge's ``hook_dict`` the points its config switches on (in canonical order)."""
         registry = self.registry() if self.registry is not None else None
         if registry is not None:
-            off = self.off(registry.cfg)
+            off = self.current = self.off(registry.cfg)
             registry.hook_dict = {n: p for n, p in self.points.items() if n not in off}
 
 
