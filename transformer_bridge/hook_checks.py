@@ -2,6 +2,7 @@
 tensor like the activation it replaces (shape, dtype, device)."""
 
 import inspect
+import weakref
 from collections.abc import Callable
 
 from jaxtyping import TypeCheckError
@@ -57,10 +58,23 @@ def _fn_name(fn: Callable) -> str:
     return getattr(fn, "__qualname__", None) or repr(fn)
 
 
+# Functions already seen to take (tensor, hook), and the functions of methods seen so: a `run_with_cache` registers
+# one bound method of a fresh writer per point, and `inspect.signature` on each was ~8% of the call.
+_PLAIN_OK: "weakref.WeakSet[Callable]" = weakref.WeakSet()
+_METHOD_OK: "weakref.WeakSet[Callable]" = weakref.WeakSet()
+
+
 def check_hook_fn(fn: object, param: str = "hook") -> None:
     """``fn`` must be callable as ``fn(tensor, hook)``."""
     if not callable(fn):
         raise TypeError(f"`{param}` must be callable as fn(tensor, hook), got {type(fn).__name__} {fn!r}.")
+    method = inspect.ismethod(fn)
+    seen, key = (_METHOD_OK, fn.__func__) if method else (_PLAIN_OK, fn)  # type: ignore[attr-defined]
+    try:
+        if key in seen:
+            return
+    except TypeError:  # not weak-referenceable (a callable object of a class with __slots__): check each time
+        seen = None
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # builtins and C callables: nothing to check
@@ -72,3 +86,5 @@ def check_hook_fn(fn: object, param: str = "hook") -> None:
             f"`{param}` {_fn_name(fn)}{signature} cannot be called as fn(tensor, hook): a hook takes two "
             "arguments, the activation and the hook point (write `lambda x, hook: ...`)."
         ) from None
+    if seen is not None and (method or inspect.isfunction(fn)):  # a callable object's __call__ may be rebound
+        seen.add(key)
