@@ -263,9 +263,11 @@ class ActivationCache(Mapping[str, Tensor]):
         """Each head's contribution to the residual stream in the layers before ``layer``, stacked.
 
         Rows are labelled ``L{layer}H{head}``; ``incl_remainder`` adds ``"remainder"``, the residual
-        entering ``layer`` minus the heads. Read from ``hook_result``, or computed from ``hook_z``
-        when the result is not cached. For Gemma 2 the rows are the heads' outputs through the
-        post-attention norm at its cached scale (see ``cache_tl``), so they sum to ``attn_out``.
+        entering ``layer`` minus the heads. As in TransformerLens 4.3, ``layer=0`` with the remainder is the
+        whole model (the final residual stream, one row), and a ``layer`` below -1 with it is refused;
+        without it, negative layers count from the end (-1, None: ``n_layers``). Read from ``hook_result``,
+        or computed from ``hook_z`` when the result is not cached. For Gemma 2 the rows are the heads' outputs
+        through the post-attention norm at its cached scale (see ``cache_tl``), so they sum to ``attn_out``.
 
         Example:
             >>> heads, labels = cache.stack_head_results(return_labels=True)   # labels "L0H0", …
@@ -304,8 +306,10 @@ class ActivationCache(Mapping[str, Tensor]):
         """Each neuron's contribution (`get_neuron_results`) in the layers before ``layer``, stacked.
 
         Rows are labelled ``L{layer}N{neuron}``; ``incl_remainder`` adds ``"remainder"``, the residual
-        entering ``layer`` (its MLP with ``mlp_input``) minus the neurons. Large: ``layer * d_mlp`` rows;
-        ``project_output_onto`` (``[d_model]`` or ``[d_model, k]``) contracts the ``d_model`` axis with it.
+        entering ``layer`` (its MLP with ``mlp_input``) minus the neurons; ``layer`` counts as in
+        `stack_head_results` (at 0 the remainder is the whole model, or ``resid_mid[0]`` with ``mlp_input``).
+        Large: ``layer * d_mlp`` rows; ``project_output_onto`` (``[d_model]`` or ``[d_model, k]``) contracts the
+        ``d_model`` axis with it.
 
         Example:
             >>> neurons, labels = cache.stack_neuron_results(1, return_labels=True)   # labels "L0N0", …

@@ -70,6 +70,25 @@ def resolve_layer(layer: Any, n_layers: int, param: str = "layer", final: bool =
     return index % (top + 1)
 
 
+def stack_layer(layer: Any, n_layers: int, incl_remainder: bool) -> int:
+    """A stack's ``layer`` (TransformerLens 4.3's contract): the parts of the layers before it are stacked.
+
+    ``-1`` / None is ``n_layers``; other negative layers count from the end, except with ``incl_remainder``,
+    where they are refused (the remainder of ``layer=0`` is the whole model, see `stack_head_results`).
+
+    Example:
+        >>> stack_layer(-1, 12, True), stack_layer(-2, 12, False)
+        (12, 11)
+    """
+    index = layer if isinstance(layer, bool) or not hasattr(layer, "__index__") else operator.index(layer)
+    if incl_remainder and isinstance(index, int) and not isinstance(index, bool) and index < -1:
+        raise ArgumentIndexError(
+            f"`layer`={index} with incl_remainder=True: the layer must be 0..{n_layers} (or -1 / None for "
+            f"{n_layers}, the final residual stream); layer 0's remainder is the whole model."
+        )
+    return resolve_layer(layer, n_layers)
+
+
 def mlp_reads_attn(model: Any, layer: int, mlp_input: bool) -> bool:
     """Whether ``mlp_input`` adds ``layer``'s attention output (False in parallel attention/MLP blocks)."""
     if not mlp_input:
@@ -351,7 +370,7 @@ def stack_head_results(
 ) -> Float[Tensor, "component ... pos d_model"] | tuple[Tensor, list[str]]:
     """Every head's contribution before ``layer``; see `ActivationCache.stack_head_results`."""
     model = model_of(cache)
-    layer = resolve_layer(layer, model.cfg.n_layers)
+    layer = stack_layer(layer, model.cfg.n_layers, incl_remainder)
     if all(f"blocks.{i}.attn.hook_z" in cache.cache_dict for i in range(model.cfg.n_layers)):
         _fill_head_results(cache, model)  # stored like TransformerLens does, so later calls reuse them
     parts = [head_results(cache, i, pos_slice).movedim(-2, 0) for i in range(layer)]
@@ -390,7 +409,7 @@ def stack_neuron_results(
 ) -> Float[Tensor, "component ... pos d_model"] | tuple[Tensor, list[str]]:
     """Every neuron's contribution before ``layer``; see `ActivationCache.stack_neuron_results`."""
     model = model_of(cache)
-    layer = resolve_layer(layer, model.cfg.n_layers)
+    layer = stack_layer(layer, model.cfg.n_layers, incl_remainder)
     neurons = torch.arange(model.cfg.d_mlp)
     if neuron_slice is not None:
         neurons = cache._select(neurons, neuron_slice, 0, "neuron_slice").reshape(-1)
@@ -458,7 +477,12 @@ def _finish(
     apply_ln: bool,
     return_labels: bool,
 ) -> Tensor | tuple[Tensor, list[str]]:
-    """Stack ``parts``, add the remainder up to the residual that ``layer`` reads, apply the norm's scale."""
+    """Stack ``parts``, add the remainder up to the residual that ``layer`` reads, apply the norm's scale.
+
+    With no parts at ``layer=0``, the remainder is the whole model (TransformerLens 4.3's contract): the final
+    residual stream, read by the final norm (the MLP input ``resid_mid[0]`` with ``mlp_input``)."""
+    if incl_remainder and layer == 0 and not mlp_input:
+        layer = cache.model.cfg.n_layers
     target = None
     if incl_remainder or not parts:
         mid = mlp_reads_attn(cache.model, layer, mlp_input)

@@ -144,27 +144,32 @@ def test_stack_head_results_tl_args(run):
     torch.testing.assert_close(heads.sum(0), cache["resid_pre", 1], **TOL)
     assert cache.stack_head_results(0).shape == (0, *TOKENS.shape, model.cfg.d_model)
     only, labels = cache.stack_head_results(0, return_labels=True, incl_remainder=True)
-    assert labels == ["remainder"] and torch.equal(only[0], cache["resid_pre", 0])
+    assert labels == ["remainder"] and torch.equal(only[0], cache["resid_post", -1])  # the whole model
     normed = cache.stack_head_results(1, incl_remainder=True, apply_ln=True)
     torch.testing.assert_close(normed.sum(0), normalized_input(model, cache, 1), **TOL)
 
 
 def test_layer_zero_and_negative_layers_of_neuron_stacks(run):
-    """The remainder fills the stack up to the residual entering ``layer``: at layer 0 the embeddings'
-    ``resid_pre[0]`` (``resid_mid[0]`` with ``mlp_input``); negative layers count from the end, so ``-2`` is
-    the input of the last block (TransformerLens 4.3 reads the final residual at 0 and refuses ``-2``)."""
+    """TransformerLens 4.3's contract: at layer 0 the remainder is the whole model, the final residual stream
+    (``resid_mid[0]`` with ``mlp_input``), read by the final norm under ``apply_ln``; below -1 the remainder is
+    refused; without it, negative layers count from the end."""
     model, cache = run
     if any(f"blocks.{i}.mlp.hook_post" not in model.hook_dict for i in range(model.cfg.n_layers)):
         pytest.skip("a mixture-of-experts block has no neurons")
+    last = model.cfg.n_layers - 1
     only, labels = cache.stack_neuron_results(0, incl_remainder=True, return_labels=True)
-    assert labels == ["remainder"] and torch.equal(only[0], cache["resid_pre", 0])
+    assert labels == ["remainder"] and torch.equal(only[0], cache["resid_post", last])
+    normed = cache.stack_neuron_results(0, incl_remainder=True, apply_ln=True)
+    torch.testing.assert_close(normed[0], cache.apply_ln_to_stack(only, None)[0], **TOL)
     mid = cache.stack_neuron_results(0, incl_remainder=True, mlp_input=True)
     assert torch.equal(mid[0], resid_into(model, cache, 0, mlp_input=True))
-    last = model.cfg.n_layers - 1
     for mlp_input in (False, True):
-        stack = cache.stack_neuron_results(-2, incl_remainder=True, mlp_input=mlp_input)
-        torch.testing.assert_close(stack.sum(0), resid_into(model, cache, last, mlp_input), **TOL)
-        assert torch.equal(stack, cache.stack_neuron_results(last, incl_remainder=True, mlp_input=mlp_input))
+        with pytest.raises(ValueError, match="incl_remainder=True"):
+            cache.stack_neuron_results(-2, incl_remainder=True, mlp_input=mlp_input)
+        with pytest.raises(ValueError, match="incl_remainder=True"):
+            cache.stack_head_results(-3, incl_remainder=True)
+    assert torch.equal(cache.stack_neuron_results(-2), cache.stack_neuron_results(last))
+    assert cache.stack_neuron_results(-1).shape[0] == model.cfg.n_layers * model.cfg.d_mlp
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
