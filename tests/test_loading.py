@@ -97,3 +97,26 @@ def test_hf_config_overrides_are_read_as_hf_reads_config_keywords(saved):
 def test_bad_loader_options(saved, kwargs, error, match):
     with pytest.raises(error, match=match):
         TransformerBridge.from_pretrained(saved["llama"], **kwargs)
+
+
+def test_a_loaded_tokenizer_without_a_pad_token_pads_with_its_eos(tmp_path):
+    """TransformerLens' load: the tokenizer read from the folder gets EOS as its pad token, so text batches
+    pad with it and the tokenizer itself pads; padded rows equal the rows run alone. A tokenizer passed in
+    is not changed."""
+    make_hf("llama").save_pretrained(tmp_path)
+    tok = char_tokenizer()
+    tok.pad_token = None
+    tok.save_pretrained(tmp_path)
+    model = TransformerBridge.from_pretrained(str(tmp_path))
+    assert model.tokenizer.pad_token == "<eos>" and model.tokenizer.pad_token_id == 2
+    texts = ["Hi", "Hello there"]
+    tokens = model.to_tokens(texts, padding_side="left")
+    assert tokens[0, 0].item() == model.tokenizer.pad_token_id and tokens[0, -1].item() != 2
+    assert model.tokenizer(texts, padding=True)["input_ids"][0][-1] == 2  # the tokenizer pads by itself now
+    logits = model(texts, padding_side="left")
+    for i, text in enumerate(texts):
+        alone = model(text)
+        torch.testing.assert_close(logits[i, -alone.shape[1]:], alone[0], atol=1e-5, rtol=1e-5)
+    passed = char_tokenizer()
+    passed.pad_token = None
+    assert TransformerBridge.from_pretrained(str(tmp_path), tokenizer=passed).tokenizer.pad_token is None

@@ -71,15 +71,8 @@ def resolve_layer(layer: Any, n_layers: int, param: str = "layer", final: bool =
 
 
 def stack_layer(layer: Any, n_layers: int, incl_remainder: bool) -> int:
-    """A stack's ``layer`` (TransformerLens 4.3's contract): the parts of the layers before it are stacked.
-
-    ``-1`` / None is ``n_layers``; other negative layers count from the end, except with ``incl_remainder``,
-    where they are refused (the remainder of ``layer=0`` is the whole model, see `stack_head_results`).
-
-    Example:
-        >>> stack_layer(-1, 12, True), stack_layer(-2, 12, False)
-        (12, 11)
-    """
+    """A stack's ``layer`` (TransformerLens 4.3): -1 / None is ``n_layers``, other negatives count from the end,
+    but are refused with ``incl_remainder`` (whose ``layer=0`` is the whole model, see `stack_head_results`)."""
     index = layer if isinstance(layer, bool) or not hasattr(layer, "__index__") else operator.index(layer)
     if incl_remainder and isinstance(index, int) and not isinstance(index, bool) and index < -1:
         raise ArgumentIndexError(

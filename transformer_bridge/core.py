@@ -145,6 +145,8 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         ``tp_plan="auto"`` (tensor parallelism under ``torchrun``): see docs/scaling.md. TransformerLens'
         loader options (`loading.loader_config`): ``n_ctx`` sets the context length, ``hf_config_overrides``
         HF config fields, ``load_weights=False`` builds the checkpoint's architecture randomly initialised.
+        A tokenizer loaded here without a pad token gets its EOS as one (as TransformerLens does); a tokenizer
+        you pass is left as it is.
 
         Example:
             >>> model = TransformerBridge.from_pretrained("path/to/SmolLM2", dtype=torch.float32)
@@ -166,6 +168,8 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
             tok_kwargs = {k: v for k, v in hf_kwargs.items() if k in ("gguf_file", "revision", "trust_remote_code")}
             try:
                 tokenizer = AutoTokenizer.from_pretrained(name_or_path, **tok_kwargs)
+                if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
+                    tokenizer.pad_token = tokenizer.eos_token  # the id batches are padded with (TransformerLens' load)
             except (OSError, ValueError) as e:
                 warnings.warn(
                     f"No tokenizer could be loaded from {name_or_path!r} ({e}); the bridge takes token ids only. "

@@ -45,7 +45,7 @@ _TL4_BLOCK = {
     "attn.o.hook_in": "attn.hook_z", "attn.hook_out": "hook_attn_out", "mlp.hook_out": "hook_mlp_out",
     "mlp.in.hook_out": "mlp.hook_pre", "mlp.out.hook_in": "mlp.hook_post",
     "attn.hook_attn_in": "hook_attn_in", "attn.hook_q_input": "hook_q_input", "attn.hook_k_input": "hook_k_input",
-    "attn.hook_v_input": "hook_v_input",
+    "attn.hook_v_input": "hook_v_input", "ln1.hook_out": "attn.hook_in", "ln2.hook_out": "mlp.hook_in",
 }  # fmt: skip
 _TL4_MODEL = {"embed.hook_in": "hook_tokens", "embed.hook_out": "hook_embed", "pos_embed.hook_out": "hook_pos_embed"}
 

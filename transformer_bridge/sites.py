@@ -299,7 +299,8 @@ def build_sites(
         attention_here = mixer is None and mixers.holds(block, adapter.o_proj, adapter)
         moe_block = moe.is_moe_block(block, adapter.moe)
         ffn_here = moe_block or mixers.holds(block, adapter.mlp_down, adapter)
-        if attention_here:
+        if attention_here:  # TransformerLens 4's attn.hook_in: what the attention module reads (ln1's output)
+            add(p + "attn.hook_in", site(m(adapter.attn), "pre", identity))
             if adapter.mla:
                 attn_module = m(adapter.attn)
                 add(p + "attn.hook_q", site(mla.query_module(attn_module), "post", mla.query_heads(n_heads)))
@@ -386,6 +387,8 @@ def build_sites(
                 ln2 = site(ln2_module, "post", norm(adapter.norm, ln2_module))
                 add(p + "ln2.hook_scale", ln2, "scale")
                 add(p + "ln2.hook_normalized", ln2, "normalized")
+            if (mlp_module := _mlp_module(block, adapter, moe_block)) is not None:
+                add(p + "mlp.hook_in", site(mlp_module, "pre", identity))  # what the MLP reads (TransformerLens 4)
 
             if moe_block:
                 for key, moe_site in moe.moe_sites(adapter.moe, block, registry, get_module):
@@ -434,6 +437,18 @@ def _split_points(add: Callable, site: Callable, proj: dict, split: "split_input
     split.points.update(
         {k: proj["q" if k == "attn_in" else k[0]].points[k] for k in ("attn_in", "q_input", "k_input", "v_input")}
     )
+
+
+def _mlp_module(block: nn.Module, adapter: Adapter, moe_block: bool) -> nn.Module | None:
+    """The module whose input is what ``block``'s MLP reads (``mlp.hook_in``): the module adding to the residual
+    stream; behind a sandwich norm (Gemma 2) the parent of the down projection; without an MLP module (OPT: the
+    down projection adds) the first projection of an ungated MLP. None where no one module reads it."""
+    if adapter.mlp_out == adapter.mlp_down:
+        return None if moe_block or adapter.mlp_up is not None else get_module(block, adapter.mlp_in)
+    if not adapter.sandwich:
+        return get_module(block, adapter.mlp_out)
+    path = adapter.mlp_down.rpartition(".")[0]
+    return None if moe_block or not path else get_module(block, path)
 
 
 def _keyed(key: str) -> Callable:

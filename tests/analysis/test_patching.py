@@ -284,7 +284,7 @@ def test_a_setter_that_returns_a_new_tensor_and_text_input():
     ("call", "error", "pattern"),
     [
         (lambda m, c: patching.get_act_patch_resid_pre(m, CORRUPTED, c, metric, reduce="sum"), ValueError,
-         r"`reduce` must be one of \('scalar', 'mean', 'none'\), got 'sum'"),
+         r"`reduce`='sum' is not allowed: reduce must be one of \('scalar', 'mean', 'none'\)"),
         (lambda m, c: patching.get_act_patch_resid_pre(m, CORRUPTED, c, "logit diff"), TypeError,
          r"`patching_metric` 'metric' must be a function"),
         (lambda m, c: patching.get_act_patch_resid_pre(m, CORRUPTED, c, lambda lg: lg[0, -1]), ValueError,

@@ -120,7 +120,7 @@ def generic_activation_patch(
     """
     _check_model(model)
     if reduce not in REDUCE:
-        raise ArgumentValueError(f"`reduce` must be one of {REDUCE}, got {reduce!r}.")
+        raise ArgumentValueError(f"`reduce`={reduce!r} is not allowed: reduce must be one of {REDUCE}.")
     metrics = _metrics(patching_metric)
     if not callable(patch_setter):
         raise ArgumentTypeError(f"`patch_setter` must be a function (activation, index, clean) -> activation, got "
