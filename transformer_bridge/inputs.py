@@ -182,3 +182,37 @@ def mask_for_implementation(mask: Tensor, implementation: str | None, dtype: tor
     if mask.dtype != torch.bool or implementation == "sdpa":
         return mask
     return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device), torch.finfo(dtype).min)
+
+
+def embedding_points(model: Any) -> list[str]:
+    """The points of ``model`` (a bridge) read at the input embedding (``hook_tokens``, ``hook_embed``), which
+    embeddings given as input skip."""
+    embedding = model.hf_model.get_input_embeddings()
+    return [n for n, sites in model._sites_for.items() if any(getattr(s, "module", None) is embedding for s in sites)]
+
+
+def embeds_stand_in(
+    model: Any, embeds: Any, input: Any, tokens: Tensor | None, attention_mask: Tensor | None
+) -> tuple[Int[Tensor, "batch pos"], Any]:
+    """Token ids standing in for ``embeds`` (``[batch, pos, d_model]``, checked) in ``model``'s forward: they give
+    the shape and the loss targets (``tokens``; zeros without), HF reads the embeddings; and the mask, all ones
+    unless given, so the stand-in ids are never read as padding."""
+    d_model = model.cfg.d_model
+    if not isinstance(embeds, Tensor) or not embeds.is_floating_point() or embeds.shape[2:] != (d_model,) or (
+        0 in embeds.shape[:2]
+    ):  # fmt: skip
+        raise ValueError(f"`inputs_embeds` must be a float tensor [batch, pos, {d_model}], got {describe(embeds)}.")
+    if input is not None:
+        raise ValueError("Give `inputs_embeds` or token ids (`input` / `input_ids`), not both.")
+    shape = tuple(embeds.shape[:2])
+    if tokens is not None and (not isinstance(tokens, Tensor) or tuple(tokens.shape) != shape):
+        raise ValueError(
+            f"`tokens` (the loss targets) must have the embeddings' shape {shape}, got {describe(tokens)}."
+        )
+    device = embeds.device if isinstance(tokens, Tensor) is False else tokens.device
+    stand_in = torch.zeros(shape, dtype=torch.long, device=device) if tokens is None else tokens
+    if attention_mask is None:
+        attention_mask = torch.ones(shape, dtype=torch.long, device=device)
+    elif isinstance(attention_mask, Tensor) and attention_mask.dim() == 4:
+        raise ValueError("`inputs_embeds` take a 2-D `attention_mask` [batch, pos] here, not a 4-D one.")
+    return stand_in, attention_mask

@@ -23,7 +23,7 @@ from .checks import ArgumentValueError, check_bool, check_device, describe, sugg
 from .distributed import input_device
 from .hook_entries import batch_free
 from .hook_points import HookContext, NameOrFilter
-from .inputs import PaddingSide, check_attention_mask, split_4d_mask
+from .inputs import PaddingSide, check_attention_mask, embedding_points, embeds_stand_in, split_4d_mask
 from .names import NameFilter
 from .utils.lm import lm_cross_entropy_loss
 
@@ -62,6 +62,7 @@ class Running:
         past_kv_cache: Any = None,
         use_cache: bool | None = None,
         labels: Int[Tensor, "batch pos"] | None = None,
+        inputs_embeds: Float[Tensor, "batch pos d_model"] | None = None,
     ) -> Any:
         """Logits ``[batch, pos, d_vocab]``, TransformerLens' ``forward`` with HF's keywords too.
 
@@ -87,6 +88,10 @@ class Running:
         mask (the whole attention pattern, no causal mask added; bool: True attends, float: added to the scores;
         `inputs.split_4d_mask`), run with HF's default positions. ``labels`` (HF's keyword, the tokens' shape)
         are the loss targets in place of the tokens: ``labels[:, p]`` is predicted at ``p - 1``; -100 is ignored.
+        ``inputs_embeds`` (HF's keyword; or a float ``[batch, pos, d_model]`` tensor as ``input``, TransformerLens 4)
+        are the token embeddings the blocks read in place of the embedding's output: ``hf_model(inputs_embeds=...)``'s
+        logits (positional embeddings and Gemma's scaling still apply; ``hook_tokens`` / ``hook_embed`` do not
+        fire). A loss then needs targets: ``labels=`` or ``tokens=``.
 
         Example:
             >>> logits = model("The capital of France is")
@@ -118,6 +123,22 @@ class Running:
             if input is not None:
                 raise ValueError("Give the tokens once: `input` or `input_ids`, not both.")
             input = input_ids
+        if isinstance(input, Tensor) and input.is_floating_point() and input.dim() == 3 and start_at_layer is None:
+            if inputs_embeds is not None:
+                raise ValueError("Give the embeddings once: a float `input` or `inputs_embeds`, not both.")
+            inputs_embeds, input = input, None
+        if inputs_embeds is not None:
+            if hooked := [n for n in embedding_points(self) if self.hook_dict[n].active]:
+                raise ValueError(
+                    f"Hooks on {hooked} never run on `inputs_embeds`: HF skips the embedding; remove them."
+                )
+            input, attention_mask = embeds_stand_in(self, inputs_embeds, input, tokens, attention_mask)
+            if return_type in ("loss", "both") and labels is None and tokens is None:
+                raise ValueError(
+                    "A loss from `inputs_embeds` needs the targets: give `labels=` (or `tokens=`) of shape "
+                    f"{tuple(inputs_embeds.shape[:2])}."
+                )
+            labels = labels if labels is not None else tokens
         if token_type_ids is not None and bool(token_type_ids.any()):
             raise ValueError("`token_type_ids` must be all zeros (or None): decoder-only models take no segments.")
         residual = None
@@ -152,7 +173,9 @@ class Running:
                 )
             position_ids = position_ids.to(tokens.device)
             ctx = dataclasses.replace(HookContext.from_mask(mask), positions=position_ids)
-        hf_kwargs = {"output_hidden_states": True} if output_hidden_states else {}
+        hf_kwargs: dict[str, Any] = {"output_hidden_states": True} if output_hidden_states else {}
+        if inputs_embeds is not None:
+            hf_kwargs["inputs_embeds"] = inputs_embeds.to(tokens.device)
         patterns: dict[str, Tensor] = {}
         with contextlib.ExitStack() as stack:
             if output_attentions:
@@ -166,11 +189,11 @@ class Running:
         if stop_at_layer is not None or return_type is None:
             return None if return_type is None and stop_at_layer is None else out
         if output_hidden_states or output_attentions:
-            result = out if hf_kwargs else CausalLMOutputWithPast(logits=out)
+            result = out if output_hidden_states else CausalLMOutputWithPast(logits=getattr(out, "logits", out))
             if output_attentions:
                 result.attentions = tuple(patterns[f"blocks.{i}.attn.hook_pattern"] for i in range(self.cfg.n_layers))
             return result
-        logits = out
+        logits = out if isinstance(out, Tensor) else out.logits  # HF's output object when given embeddings
         if return_type == "logits":
             return logits
         targets = tokens if labels is None else labels.to(tokens.device)
@@ -363,10 +386,17 @@ class Running:
             )
         if not reset_hooks_end and remove_batch_dim:  # later forwards would write batched tensors into it
             raise ValueError("`reset_hooks_end=False` keeps filling the cache; it cannot `remove_batch_dim` too.")
-        if start_at_layer is not None:
+        if start_at_layer is not None or (isinstance(input, Tensor) and input.is_floating_point() and input.dim() == 3):
+            if incl_bwd or metric is not None:
+                raise ValueError(
+                    "`incl_bwd` / `metric` run from token ids: with `start_at_layer` or embeddings as `input`, call "
+                    "`run_with_hooks` with backward hooks instead."
+                )
             out, cache = self._cache_from_layer(input, start_at_layer, return_type, loss_per_token, names_filter,
                                                 device, pos_slice, tokens, attention_mask, stop_at_layer,
                                                 reset_hooks_end=reset_hooks_end)  # fmt: skip
+            if remove_batch_dim:
+                cache = cache.remove_batch_dim(batch_size=input.shape[0])
             return out, (cache if return_cache_object else cache.cache_dict)
         out, cache = self._cached_run(input, names_filter, device, remove_batch_dim, incl_bwd, pos_slice,
                                       attention_mask, metric, prepend_bos, stop_at_layer,
@@ -430,7 +460,7 @@ class Running:
     def _cache_from_layer(
         self,
         residual: Tensor,
-        start_at_layer: int,
+        start_at_layer: int | None,
         return_type: ReturnType,
         loss_per_token: bool,
         names_filter: Any,
@@ -442,12 +472,14 @@ class Running:
         reset_hooks_end: bool = True,
     ) -> tuple[Any, ActivationCache]:
         """``run_with_cache(residual, start_at_layer=K)``: `forward`'s resumed run with caching hooks; the
-        blocks before ``K`` (run on a placeholder) and the embeddings fire no hook, so they are not cached."""
+        blocks before ``K`` (run on a placeholder) and the embeddings fire no hook, so they are not cached.
+        ``start_at_layer=None``: ``residual`` holds the token embeddings (`forward`'s ``inputs_embeds``)."""
         device = check_device(device)
         if pos_slice is not None:
             pos_slice = check_pos_slice(pos_slice, residual.shape[1])
         store = CacheWriter(device, pos_slice)
-        caching = [(n, store.hook) for n in self.names_matching(names_filter)]
+        skipped = set(embedding_points(self)) if start_at_layer is None else set()  # not run on embeddings
+        caching = [(n, store.hook) for n in self.names_matching(names_filter) if n not in skipped]
         resume = dict(start_at_layer=start_at_layer, stop_at_layer=stop_at_layer, tokens=tokens)
         with torch.no_grad(), self.hooks(fwd_hooks=caching, read_only=True, reset_hooks_end=reset_hooks_end):
             out = self(residual, attention_mask=attention_mask, return_type=return_type,
