@@ -116,7 +116,7 @@ def test_a_loaded_tokenizer_without_a_pad_token_pads_with_its_eos(tmp_path):
     logits = model(texts, padding_side="left")
     for i, text in enumerate(texts):
         alone = model(text)
-        torch.testing.assert_close(logits[i, -alone.shape[1]:], alone[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(logits[i, -alone.shape[1] :], alone[0], atol=1e-5, rtol=1e-5)
     passed = char_tokenizer()
     passed.pad_token = None
     assert TransformerBridge.from_pretrained(str(tmp_path), tokenizer=passed).tokenizer.pad_token is None

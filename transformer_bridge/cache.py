@@ -12,7 +12,7 @@ from torch import Tensor
 
 from . import cache_full, cache_io, cache_tl
 from .cache_io import CacheFileError
-from .names import HookNames, NotCachedError, tl4_spelling
+from .names import HookNames, HookOffError, NotCachedError, tl4_spelling
 from .pos_slice import PosSlice, check_pos_slice
 from .utils import get_act_name
 
@@ -67,7 +67,15 @@ class ActivationCache(Mapping[str, Tensor]):
         n_layers = getattr(getattr(self.model, "cfg", None), "n_layers", None)
         if n_layers is None:  # no model, or one without a cfg (a HookedRootModule): count the named blocks
             n_layers = _layers_in(valid)
-        name = HookNames(valid, n_layers).key(key, "key")
+        names = HookNames(valid, n_layers)
+        off = getattr(self.model, "_points_off", None)
+        if callable(off):  # a point a setting switches off is named as such, not as unknown
+            names = HookNames([*valid, *off()], n_layers)
+            names.off = off
+        try:
+            name = names.key(key, "key")
+        except HookOffError as e:
+            raise NotCachedError(f"Not in this cache: {e}") from None
         if name not in self._tensors:
             raise NotCachedError(
                 f"{name!r} is a valid hook point but is not in this cache; add it to `names_filter` (or use "
