@@ -88,7 +88,7 @@ def test_use_attn_result_false_switches_hook_result_off(model):
             model.run_with_cache(tokens, names_filter=("result", 0))
         with pytest.raises(HookOffError):
             model.run_with_cache(tokens, names_filter="result")
-        with pytest.raises(KeyError, match="switched off.*set_use_attn_result"):  # the cache says why it lacks it
+        with pytest.raises(KeyError, match=r"switched off.*set_use_attn_result"):  # the cache says why it lacks it
             off_cache["blocks.0.attn.hook_result"]
         with pytest.raises(KeyError, match="switched off"):
             off_cache["result", 0]
