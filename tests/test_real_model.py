@@ -32,7 +32,7 @@ def test_all_hooks_within_tolerance_and_cache_once(smollm2):
     assert torch.equal(logits, ref)
     n = smollm2.cfg.n_layers
     # tokens, embed, ln_final (2), unembed in / out + 21 per block
-    assert len(cache) == len(smollm2.hook_dict) == 6 + 21 * n
+    assert len(cache) == len(smollm2.hook_dict) == 6 + 23 * n
     # Editing hooks (a clone counts as an edit) take the explicit attention path.
     with torch.no_grad():
         edited = smollm2.run_with_hooks(PROMPT, fwd_hooks=[(lambda n: True, lambda x, hook: x.clone())])

@@ -226,6 +226,19 @@ def copied(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
     return run("", x).clone()
 
 
+def private_input(point: Callable[[], HookPoint]) -> Callable:
+    """A module input other code may also read (one norm's output feeds attention and the MLP in parallel blocks;
+    the residual itself where there is no norm): a hook that may edit sees a copy, so an in-place edit reaches this
+    module only. Read-only hooks (caching) see the tensor itself. ``point``: the site's point, once added."""
+
+    def process(run: Run, x: Tensor, inp: Tensor | None) -> Tensor:
+        shown = x if all(e.read_only for e in point().fwd_hooks) else x.clone()
+        new = run("", shown)
+        return x if new is shown else new
+
+    return process
+
+
 @dataclass
 class SiteMap:
     """All hook points of a model and, for each, the sites that must be active to serve it."""
@@ -300,7 +313,9 @@ def build_sites(
         moe_block = moe.is_moe_block(block, adapter.moe)
         ffn_here = moe_block or mixers.holds(block, adapter.mlp_down, adapter)
         if attention_here:  # TransformerLens 4's attn.hook_in: what the attention module reads (ln1's output)
-            add(p + "attn.hook_in", site(m(adapter.attn), "pre", identity))
+            attn_in = site(m(adapter.attn), "pre", identity)
+            attn_in.process = private_input(lambda s=attn_in: s.points[""])
+            add(p + "attn.hook_in", attn_in)
             if adapter.mla:
                 attn_module = m(adapter.attn)
                 add(p + "attn.hook_q", site(mla.query_module(attn_module), "post", mla.query_heads(n_heads)))
@@ -388,7 +403,9 @@ def build_sites(
                 add(p + "ln2.hook_scale", ln2, "scale")
                 add(p + "ln2.hook_normalized", ln2, "normalized")
             if (mlp_module := _mlp_module(block, adapter, moe_block)) is not None:
-                add(p + "mlp.hook_in", site(mlp_module, "pre", identity))  # what the MLP reads (TransformerLens 4)
+                mlp_in = site(mlp_module, "pre", identity)  # what the MLP reads (TransformerLens 4)
+                mlp_in.process = private_input(lambda s=mlp_in: s.points[""])
+                add(p + "mlp.hook_in", mlp_in)
 
             if moe_block:
                 for key, moe_site in moe.moe_sites(adapter.moe, block, registry, get_module):

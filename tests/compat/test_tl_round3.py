@@ -197,8 +197,17 @@ def test_component_add_hook_is_the_output_point(model):
         after = model(TOKENS)
     assert torch.equal(got, expected) and not torch.allclose(got, plain)
     assert torch.equal(after, plain)  # remove_hooks took it off
-    with pytest.raises(AttributeError, match="no output hook point"):
+    # a norm's output (TransformerLens 4's ln1.hook_out) is what the attention module reads: attn.hook_in
+    with torch.no_grad():
+        expected = model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.0.attn.hook_in", halve)])
         model.blocks[0].ln1.add_hook(halve)
+        try:
+            got = model(TOKENS)
+        finally:
+            model.blocks[0].ln1.remove_hooks()
+    assert torch.equal(got, expected) and not torch.allclose(got, plain)
+    with pytest.raises(AttributeError, match="no output hook point"):
+        model.ln_final.add_hook(halve)
 
 
 def test_remove_batch_dim_is_in_place(model):
