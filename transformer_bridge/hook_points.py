@@ -278,6 +278,8 @@ class HookRegistry:
     # -- name resolution -------------------------------------------------------------------
     def resolve(self, name_or_filter: NameFilter, param: str = "name") -> list[HookPoint]:
         """Hook points for a name, a shorthand key, a predicate, or a list of those (see `names`)."""
+        if type(name_or_filter) is str and name_or_filter in self.hook_dict:  # a canonical name: no search
+            return [self.hook_dict[self.names._on(name_or_filter)]]
         return [self.hook_dict[n] for n in self.names.select(name_or_filter, param)]
 
     # -- registration ----------------------------------------------------------------------
@@ -458,15 +460,22 @@ class HookRegistry:
             ...     logits = model("Hello")
         """
         pairs = [*_hook_pairs(fwd_hooks, "fwd_hooks"), *_hook_pairs(bwd_hooks, "bwd_hooks")]
+        resolved = []
         for (name, fn), param in pairs:
             check_hook_fn(fn, f"{param}` entry for `{name!r}")
-            self.resolve(name, param)  # every name is checked before anything is added
+            resolved.append(self.resolve(name, param))  # every name is checked before anything is added
         handles: list[HookHandle] = []
         self.context_level += 1
         try:
-            for (name, fn), param in pairs:
-                direction = "bwd" if param == "bwd_hooks" else "fwd"
-                handles.append(self.add_hook(name, fn, dir=direction, read_only=read_only, level=self.context_level))
+            own_add = type(self).add_hook is HookRegistry.add_hook  # else a subclass checks each (HookedRootModule)
+            for ((name, fn), param), points in zip(pairs, resolved, strict=True):
+                direction, level = "bwd" if param == "bwd_hooks" else "fwd", self.context_level
+                if not own_add:
+                    handles.append(self.add_hook(name, fn, dir=direction, read_only=read_only, level=level))
+                    continue
+                entries = [HookEntry(fn, point, direction, False, read_only, level) for point in points]
+                self._add(entries, False)  # the names are resolved above: no second lookup
+                handles.append(HookHandle(self, entries))
             yield self
         finally:
             self.context_level -= 1
