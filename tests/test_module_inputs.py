@@ -84,3 +84,32 @@ def test_module_inputs_are_the_norm_outputs_and_edits_reach_the_module(family):
             got = model.run_with_hooks(TOKENS, fwd_hooks=[(name, lambda t, hook: t * 0.5 + 0.25)])
         assert torch.equal(got, expected), name
         assert not torch.equal(got, clean), name
+
+
+@pytest.mark.parametrize("family", ["llama", "phi", "gptj", "olmo2"])
+def test_backward_hooks_see_the_gradient_through_that_module_only(family):
+    """In parallel blocks one norm's output feeds attention and the MLP, and OLMo 2's attention reads the residual
+    itself: ``attn.hook_in``'s gradient is the attention's share, as a torch pre-hook feeding the module a copy
+    measures it."""
+    model = make_bridge(family)
+    for name in ("blocks.1.attn.hook_in", "blocks.1.mlp.hook_in"):
+        if name not in model.hook_dict:
+            continue
+        seen, expected = [], []
+
+        def private_copy(x):
+            x = x.clone()
+            x.register_hook(lambda g: expected.append(g.detach().clone()))
+            return x
+
+        handle = _module_input_hook(model._sites_for[name][0].module, edit=private_copy)
+        try:
+            model.hf_model(TOKENS).logits.square().mean().backward()
+        finally:
+            handle.remove()
+        model.zero_grad(set_to_none=True)
+        logits = model.run_with_hooks(TOKENS, bwd_hooks=[(name, lambda g, hook: seen.append(g.detach().clone()))])
+        logits.square().mean().backward()
+        model.zero_grad(set_to_none=True)
+        assert len(seen) == len(expected) == 1, name
+        torch.testing.assert_close(seen[0], expected[0], rtol=0, atol=0)

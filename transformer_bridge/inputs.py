@@ -209,10 +209,9 @@ def embeds_stand_in(
         raise ValueError(
             f"`tokens` (the loss targets) must have the embeddings' shape {shape}, got {describe(tokens)}."
         )
-    device = embeds.device if isinstance(tokens, Tensor) is False else tokens.device
-    stand_in = torch.zeros(shape, dtype=torch.long, device=device) if tokens is None else tokens
+    stand_in = torch.zeros(shape, dtype=torch.long, device=embeds.device) if tokens is None else tokens
     if attention_mask is None:
-        attention_mask = torch.ones(shape, dtype=torch.long, device=device)
+        attention_mask = torch.ones(shape, dtype=torch.long, device=embeds.device)
     elif isinstance(attention_mask, Tensor) and attention_mask.dim() == 4:
         raise ValueError("`inputs_embeds` take a 2-D `attention_mask` [batch, pos] here, not a 4-D one.")
     return stand_in, attention_mask
