@@ -97,7 +97,7 @@ def test_backward_hooks_see_the_gradient_through_that_module_only(family):
             continue
         seen, expected = [], []
 
-        def private_copy(x):
+        def private_copy(x, expected=expected):
             x = x.clone()
             x.register_hook(lambda g: expected.append(g.detach().clone()))
             return x
@@ -108,7 +108,7 @@ def test_backward_hooks_see_the_gradient_through_that_module_only(family):
         finally:
             handle.remove()
         model.zero_grad(set_to_none=True)
-        logits = model.run_with_hooks(TOKENS, bwd_hooks=[(name, lambda g, hook: seen.append(g.detach().clone()))])
+        logits = model.run_with_hooks(TOKENS, bwd_hooks=[(name, lambda g, hook, seen=seen: seen.append(g.clone()))])
         logits.square().mean().backward()
         model.zero_grad(set_to_none=True)
         assert len(seen) == len(expected) == 1, name
