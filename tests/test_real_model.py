@@ -31,7 +31,7 @@ def test_all_hooks_within_tolerance_and_cache_once(smollm2):
     # Reading hooks leave every output to HF's own kernels: caching everything is bitwise exact.
     assert torch.equal(logits, ref)
     n = smollm2.cfg.n_layers
-    # tokens, embed, ln_final (2), unembed in / out + 21 per block
+    # tokens, embed, ln_final (2), unembed in / out + 23 per block
     assert len(cache) == len(smollm2.hook_dict) == 6 + 23 * n
     # Editing hooks (a clone counts as an edit) take the explicit attention path.
     with torch.no_grad():
