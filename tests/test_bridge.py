@@ -173,3 +173,16 @@ def test_invalid_device():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA device"):
             model.run_with_cache(torch.ones(1, 3, dtype=torch.long), device="cuda")
+
+
+def test_a_module_assigned_to_a_read_only_property_is_refused():
+    """nn.Module would register a module assigned to ``blocks`` as a submodule (its parameters would join the
+    bridge's) while the property still answers: refused, and the bridge is unchanged."""
+    model = make_bridge("gpt2")
+    before = [name for name, _ in model.named_parameters()]
+    with pytest.raises(AttributeError, match="`blocks` is read off the wrapped HF model"):
+        model.blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+    assert [name for name, _ in model.named_parameters()] == before
+    assert type(model.blocks).__name__ == "Blocks"
+    model.probe = torch.nn.Linear(2, 2)  # other attributes are assigned as nn.Module assigns them
+    assert "probe.weight" in dict(model.named_parameters())

@@ -10,6 +10,8 @@ Every import points down: nothing below imports this module.
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 from .compat.surface import TransformerLensSurface
 from .core import BridgeConfig, BridgeCore
 from .generation import generate as _generate
@@ -55,6 +57,16 @@ class TransformerBridge(TransformerLensSurface, BridgeCore):
             if isinstance(prop, property) and prop.fget is not None:  # a property refused (`W_pos` of a rotary
                 return prop.fget(self)  # model): raise its own explanation, not nn.Module's bare message
             raise
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        prop = getattr(type(self), name, None)
+        if isinstance(prop, property) and prop.fset is None and isinstance(value, torch.nn.Module):
+            # nn.Module would register the module under that name while the property still answers: refuse it
+            raise AttributeError(
+                f"`{name}` is read off the wrapped HF model and cannot be assigned (got {type(value).__name__}); "
+                "change the HF model (`model.hf_model`) instead."
+            )
+        super().__setattr__(name, value)
 
     @property
     def n_params_total(self) -> int:
