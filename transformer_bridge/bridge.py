@@ -59,8 +59,8 @@ class TransformerBridge(TransformerLensSurface, BridgeCore):
             raise
 
     def __setattr__(self, name: str, value: Any) -> None:
-        prop = getattr(type(self), name, None)
-        if isinstance(prop, property) and prop.fset is None and isinstance(value, torch.nn.Module):
+        prop = getattr(type(self), name, None) if isinstance(value, torch.nn.Module) else None  # others: no lookup
+        if isinstance(prop, property) and prop.fset is None:
             # nn.Module would register the module under that name while the property still answers: refuse it
             raise AttributeError(
                 f"`{name}` is read off the wrapped HF model and cannot be assigned (got {type(value).__name__}); "

@@ -67,10 +67,9 @@ class ActivationCache(Mapping[str, Tensor]):
         n_layers = getattr(getattr(self.model, "cfg", None), "n_layers", None)
         if n_layers is None:  # no model, or one without a cfg (a HookedRootModule): count the named blocks
             n_layers = _layers_in(valid)
-        names = HookNames(valid, n_layers)
-        off = getattr(self.model, "_points_off", None)
-        if callable(off):  # a point a setting switches off is named as such, not as unknown
-            names = HookNames([*valid, *off()], n_layers)
+        off = getattr(self.model, "_points_off", None)  # a switched-off point is named as such, not as unknown
+        names = HookNames([*valid, *off()] if callable(off) else valid, n_layers)
+        if callable(off):
             names.off = off
         try:
             name = names.key(key, "key")

@@ -73,11 +73,10 @@ def resolve_layer(layer: Any, n_layers: int, param: str = "layer", final: bool =
 def stack_layer(layer: Any, n_layers: int, incl_remainder: bool) -> int:
     """A stack's ``layer`` (TransformerLens 4.3): -1 / None is ``n_layers``, other negatives count from the end,
     but are refused with ``incl_remainder`` (whose ``layer=0`` is the whole model, see `stack_head_results`)."""
-    index = layer if isinstance(layer, bool) or not hasattr(layer, "__index__") else operator.index(layer)
-    if incl_remainder and isinstance(index, int) and not isinstance(index, bool) and index < -1:
+    if incl_remainder and not isinstance(layer, bool) and hasattr(layer, "__index__") and operator.index(layer) < -1:
         raise ArgumentIndexError(
-            f"`layer`={index} with incl_remainder=True: the layer must be 0..{n_layers} (or -1 / None for "
-            f"{n_layers}, the final residual stream); layer 0's remainder is the whole model."
+            f"`layer`={operator.index(layer)} with incl_remainder=True: the layer must be 0..{n_layers} (or -1 / "
+            f"None for {n_layers}, the final residual stream); layer 0's remainder is the whole model."
         )
     return resolve_layer(layer, n_layers)
 

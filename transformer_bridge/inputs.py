@@ -184,6 +184,11 @@ def mask_for_implementation(mask: Tensor, implementation: str | None, dtype: tor
     return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device), torch.finfo(dtype).min)
 
 
+def is_embeds(input: Any) -> bool:
+    """Whether ``input`` is token embeddings (a float ``[batch, pos, d_model]`` tensor), not ids or text."""
+    return isinstance(input, Tensor) and input.is_floating_point() and input.dim() == 3
+
+
 def embedding_points(model: Any) -> list[str]:
     """The points of ``model`` (a bridge) read at the input embedding (``hook_tokens``, ``hook_embed``), which
     embeddings given as input skip."""

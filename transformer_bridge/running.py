@@ -23,7 +23,7 @@ from .checks import ArgumentValueError, check_bool, check_device, describe, sugg
 from .distributed import input_device
 from .hook_entries import batch_free
 from .hook_points import HookContext, NameOrFilter
-from .inputs import PaddingSide, check_attention_mask, embedding_points, embeds_stand_in, split_4d_mask
+from .inputs import PaddingSide, check_attention_mask, embedding_points, embeds_stand_in, is_embeds, split_4d_mask
 from .names import NameFilter
 from .utils.lm import lm_cross_entropy_loss
 
@@ -123,7 +123,7 @@ class Running:
             if input is not None:
                 raise ValueError("Give the tokens once: `input` or `input_ids`, not both.")
             input = input_ids
-        if isinstance(input, Tensor) and input.is_floating_point() and input.dim() == 3 and start_at_layer is None:
+        if is_embeds(input) and start_at_layer is None:
             if inputs_embeds is not None:
                 raise ValueError("Give the embeddings once: a float `input` or `inputs_embeds`, not both.")
             inputs_embeds, input = input, None
@@ -386,7 +386,7 @@ class Running:
             )
         if not reset_hooks_end and remove_batch_dim:  # later forwards would write batched tensors into it
             raise ValueError("`reset_hooks_end=False` keeps filling the cache; it cannot `remove_batch_dim` too.")
-        if start_at_layer is not None or (isinstance(input, Tensor) and input.is_floating_point() and input.dim() == 3):
+        if start_at_layer is not None or is_embeds(input):  # a resumed run, or embeddings
             if incl_bwd or metric is not None:
                 raise ValueError(
                     "`incl_bwd` / `metric` run from token ids: with `start_at_layer` or embeddings as `input`, call "
