@@ -5,7 +5,7 @@ import torch
 from conftest import V, make_bridge, normalized_input
 
 from transformer_bridge import ActivationCache, get_act_name
-from transformer_bridge.sites import get_module
+from transformer_bridge.sites.module_paths import get_module
 
 TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(7))
 

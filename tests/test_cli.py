@@ -14,10 +14,10 @@ import torch
 from conftest import char_tokenizer, make_bridge, make_hf
 
 from transformer_bridge import ActivationCache
-from transformer_bridge.cli import main
-from transformer_bridge.cli_options import CLI_OPTIONS, flag, parse_setting
+from transformer_bridge.cli.main import main
+from transformer_bridge.cli.options import CLI_OPTIONS, flag, parse_setting
+from transformer_bridge.cli.repl import run_repl
 from transformer_bridge.generation.declare import OPTIONS
-from transformer_bridge.repl import run_repl
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _cli(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "transformer_bridge.cli", *args], input=stdin, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "transformer_bridge", *args], input=stdin, capture_output=True,
                           text=True, env=env, timeout=timeout, cwd=ROOT)  # fmt: skip
 
 
@@ -173,7 +173,7 @@ def test_parse_setting_uses_the_flags_types():
 @pytest.mark.real
 def test_ctrl_c_in_a_real_subprocess_stops_the_generation_and_the_loop_goes_on():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "transformer_bridge.cli", "generate", "smollm2", "--interactive",
+        [sys.executable, "-m", "transformer_bridge", "generate", "smollm2", "--interactive",
          "--max-new-tokens", "400", "--no-stop-at-eos"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},

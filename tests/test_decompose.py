@@ -1,4 +1,4 @@
-"""The one residual-stream decomposition (`transformer_bridge.decompose`) on every family.
+"""The one residual-stream decomposition (`transformer_bridge.cache.decompose`) on every family.
 
 Oracles: the cached residual stream itself (the parts must sum to what each layer reads, 1e-5), and
 the model's logits (direct logit attribution must sum to them). ``dla`` and the cache's
@@ -13,7 +13,7 @@ from conftest import CONFIGS, FAMILIES, V, adapted_config, char_tokenizer, pertu
 from transformers import AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge
-from transformer_bridge.decompose import Activations, components
+from transformer_bridge.cache.decompose import Activations, components
 from transformer_bridge.relevance import RelevanceRun
 
 TOKENS = torch.randint(4, V, (2, 7), generator=torch.Generator().manual_seed(4))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import V, make_bridge, perturb_
 
-from transformer_bridge.sites import get_module
+from transformer_bridge.sites.module_paths import get_module
 
 TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(3))
 LAYER, EXPERT = 1, 1

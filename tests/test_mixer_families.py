@@ -16,9 +16,9 @@ from conftest import HYBRID_CONFIGS, SSM_CONFIGS, V, adapted_config, char_tokeni
 from transformers import AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge
-from transformer_bridge.mixers import mixer_of
-from transformer_bridge.names import UnknownHookError
-from transformer_bridge.sites import get_module
+from transformer_bridge.hooks.names import UnknownHookError
+from transformer_bridge.sites.mixers import mixer_of
+from transformer_bridge.sites.module_paths import get_module
 
 CONFIGS = {**{k: v for k, v in SSM_CONFIGS.items() if k != "mamba"}, **HYBRID_CONFIGS}
 FAMILIES = list(CONFIGS)

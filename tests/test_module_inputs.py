@@ -7,7 +7,7 @@ from conftest import FAMILIES, HYBRID_CONFIGS, V, adapted_config, char_tokenizer
 from transformers import AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge
-from transformer_bridge.sites import get_module, optional_module
+from transformer_bridge.sites.module_paths import get_module, optional_module
 
 TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(5))
 

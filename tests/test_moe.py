@@ -8,8 +8,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge, get_act_name
 from transformer_bridge.compat.weights import MLP_WEIGHTS
-from transformer_bridge.moe import route
-from transformer_bridge.sites import get_module
+from transformer_bridge.sites.module_paths import get_module
+from transformer_bridge.sites.moe import route
 
 TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(7))
 LAYER = 1  # a mixture-of-experts block in every family here
@@ -373,7 +373,7 @@ def _torch_hook(module, kind, fn):
 def test_shared_expert_points_equal_torch_hooks_on_hf_modules(family):
     """hook_shared_pre / post / gate: what plain torch hooks see on the shared expert's modules, and an edit
     of each equals the same edit made by a torch hook on HF's module (never attached while unhooked)."""
-    from transformer_bridge.moe import shared_points
+    from transformer_bridge.sites.moe import shared_points
 
     model = make_bridge(family)
     keys = shared_points(model.adapter.moe)

@@ -6,7 +6,7 @@ import torch
 from conftest import make_bridge, perturb_
 
 from transformer_bridge.activations.plan import needed_layers
-from transformer_bridge.sites import get_module
+from transformer_bridge.sites.module_paths import get_module
 
 TOKENS = torch.tensor([[1, 5, 17, 42, 98, 3], [1, 9, 9, 33, 71, 12]])
 

@@ -5,7 +5,7 @@ import torch
 from conftest import FAMILIES, V, make_bridge
 
 from transformer_bridge.adapters.base import one_plus
-from transformer_bridge.sites import get_module
+from transformer_bridge.sites.module_paths import get_module
 
 TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(3))
 LAYER, HEAD = 1, 2

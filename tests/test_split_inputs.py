@@ -1,4 +1,4 @@
-"""TransformerLens' split-input points (`transformer_bridge.split_inputs`), checked against oracles computed by
+"""TransformerLens' split-input points (`transformer_bridge.sites.split_inputs`), checked against oracles computed by
 hand from a cache and the HF modules: per-head copies of the residual that Q / K / V read (``hook_q_input`` …,
 ``hook_attn_in``) and the MLP branch's own input (``hook_mlp_in``)."""
 
@@ -9,9 +9,9 @@ from transformers import AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge
 from transformer_bridge.config import ConfigFieldError
-from transformer_bridge.names import HookOffError
-from transformer_bridge.sites import get_module
-from transformer_bridge.split_inputs import SWITCHES
+from transformer_bridge.hooks.names import HookOffError
+from transformer_bridge.sites.module_paths import get_module
+from transformer_bridge.sites.split_inputs import SWITCHES
 
 TOKENS = torch.tensor([[1, 40, 41, 42, 7, 19], [1, 5, 6, 70, 71, 72]])
 FLAGS = ("use_split_qkv_input", "use_attn_in", "use_hook_mlp_in")

@@ -6,8 +6,8 @@ from conftest import SSM_CONFIGS, V, char_tokenizer, perturb_
 from transformers import AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge
-from transformer_bridge.names import UnknownHookError
-from transformer_bridge.sites import get_module
+from transformer_bridge.hooks.names import UnknownHookError
+from transformer_bridge.sites.module_paths import get_module
 
 TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(3))
 LAYER, D, D_INNER, D_STATE, DT_RANK = 1, 32, 64, 8, 2

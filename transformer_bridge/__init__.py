@@ -4,16 +4,16 @@ from . import patching
 from .activations import ActivationStore, harvest
 from .adapters import SUPPORTED_MODEL_TYPES, UnsupportedArchitectureError
 from .bridge import BridgeConfig, TransformerBridge
-from .cache import ActivationCache, CacheFileError, get_act_name
+from .cache.activation_cache import ActivationCache, CacheFileError, get_act_name
 from .compat.hooked_root import HookedRootModule
 from .compat.kv_cache import TransformerLensKeyValueCache
 from .core import BridgeCore
 from .generation import Branch, GenerationOutput, View, sample
-from .hook_entries import TensorConversion
-from .hook_points import HookContext, HookHandle, HookPoint
-from .names import LayerOutOfRangeError, NotCachedError, UnknownHookError
+from .hooks.entries import TensorConversion
+from .hooks.names import LayerOutOfRangeError, NotCachedError, UnknownHookError
+from .hooks.points import HookContext, HookHandle, HookPoint
 from .relevance import Relevance, RelevanceRun
-from .sites import StaleCompiledHooksError
+from .sites.checks import StaleCompiledHooksError
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",

@@ -17,9 +17,9 @@ from .core import BridgeConfig, BridgeCore
 from .generation import generate as _generate
 from .generation import generate_stream as _generate_stream
 from .generation.hf_generate import hf_generate as _hf_generate
+from .hooks.steering import steer as _steer
 from .relevance import forward_pass as _forward_pass
 from .relevance import relevance as _relevance
-from .steering import steer as _steer
 
 __all__ = ["BridgeConfig", "TransformerBridge"]
 

@@ -9,10 +9,10 @@ from transformers import PreTrainedModel
 
 from .adapters import Adapter
 from .adapters.base import centred
-from .mixers import holds
-from .moe import is_moe_block
-from .sites import get_module
-from .split_inputs import EXCLUSIVE, SWITCHES, Switches, refusals
+from .sites.mixers import holds
+from .sites.module_paths import get_module
+from .sites.moe import is_moe_block
+from .sites.split_inputs import EXCLUSIVE, SWITCHES, Switches, refusals
 
 
 class ConfigFieldError(AttributeError, ValueError):

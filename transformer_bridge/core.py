@@ -15,20 +15,23 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from . import attention, versions
+from . import versions
 from .adapters import Adapter, UnsupportedArchitectureError, adapter_for
 from .adapters.base import one_plus
-from .caching import CacheWriter
+from .cache.caching import CacheWriter
 from .checks import ArgumentIndexError, check_device, describe
 from .config import BridgeConfig, bridge_config
 from .distributed import attach_shard_specs, check_tensor_parallel, full_param, input_device, tp_mesh
-from .hook_points import HookContext, HookPoint, HookRegistry
+from .hooks.points import HookContext, HookPoint, HookRegistry
 from .inputs import PaddingSide, check_attention_mask, left_padding_mask, mask_for_implementation
 from .layers import StopForward, check_layer, start_at, stop_before
 from .loading import loader_config
 from .running import Input, NamesFilter, Running
-from .sites import arm_sites, build_sites, check_sites, disarm_sites, get_module
-from .ssm import build_ssm_sites
+from .sites import attention
+from .sites.build import build_sites
+from .sites.checks import arm_sites, check_sites, disarm_sites
+from .sites.module_paths import get_module
+from .sites.ssm import build_ssm_sites
 from .tokens import Tokens
 
 
@@ -74,14 +77,9 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         if self.adapter.ssm is not None:  # state-space blocks: a mixer instead of attention and MLP
             sites = build_ssm_sites(self, hf_model, self.adapter)
         else:
+            cfg = self.cfg
             sites = build_sites(
-                self,
-                hf_model,
-                self.adapter,
-                self.cfg.n_heads,
-                self.cfg.n_kv_heads,
-                self.cfg.d_head,
-                self.cfg.parallel_attn_mlp,
+                self, hf_model, self.adapter, cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.parallel_attn_mlp
             )
         self._set_points(sites.points, self.cfg.n_layers)
         self.names.off = self._points_off

@@ -17,14 +17,14 @@ from torch import Tensor
 from transformers import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .cache import ActivationCache, check_pos_slice
-from .caching import CacheWriter, next_token_loss, next_token_losses
+from .cache.activation_cache import ActivationCache, check_pos_slice
+from .cache.caching import CacheWriter, backpropagate, next_token_loss, next_token_losses
 from .checks import ArgumentValueError, check_bool, check_device, describe, suggest_keywords
 from .distributed import input_device
-from .hook_entries import batch_free
-from .hook_points import HookContext, NameOrFilter
+from .hooks.entries import batch_free
+from .hooks.names import NameFilter
+from .hooks.points import HookContext, NameOrFilter
 from .inputs import PaddingSide, check_attention_mask, embedding_points, embeds_stand_in, is_embeds, split_4d_mask
-from .names import NameFilter
 from .utils.lm import lm_cross_entropy_loss
 
 Input = str | Sequence[str] | Tensor
@@ -437,19 +437,7 @@ class Running:
                     raise ValueError(
                         "With `stop_at_layer`, give `metric` (the output is a residual stream, not logits)."
                     )
-                target = metric(logits) if metric is not None else next_token_loss(logits, tokens, mask)
-                if not isinstance(target, Tensor) or target.numel() != 1:
-                    raise ValueError(
-                        f"`metric` must return a scalar tensor to backpropagate, got {describe(target)}"
-                        + (f" of shape {tuple(target.shape)}" if isinstance(target, Tensor) else "")
-                        + "; reduce it, e.g. with .sum() or .mean()."
-                    )
-                if not target.requires_grad:
-                    raise ValueError(
-                        "The value to backpropagate has no grad_fn: `metric` does not use the logits, or no "
-                        "parameter requires grad (a frozen model); use the logits, or unfreeze the parameters."
-                    )
-                target.reshape(()).backward()
+                backpropagate(metric(logits) if metric is not None else next_token_loss(logits, tokens, mask))
             logits, tensors = logits.detach(), store.tensors
         else:
             logits, tensors = self.cache_forward(tokens, mask, names, device, pos_slice, stop_at_layer=stop_at_layer,

@@ -4,7 +4,7 @@ It needs ``self.tokenizer``, ``self.cfg``, ``self.hf_model`` and ``self.device``
 """
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Int
@@ -132,6 +132,44 @@ class Tokens:
         if len(ids) != 1:
             raise ValueError(f"`string`={string!r} is {len(ids)} tokens ({ids}), not exactly one.")
         return ids[0]
+
+    def get_token_position(
+        self,
+        single_token: str | int,
+        input: str | Int[Tensor, "pos"] | Int[Tensor, "1 pos"],
+        mode: Literal["first", "last"] = "first",
+        prepend_bos: bool | None = None,
+        padding_side: PaddingSide | None = None,
+    ) -> int:
+        """Position of ``single_token`` in ``input`` (its first or last occurrence), as TransformerLens.
+
+        Example:
+            >>> model.get_token_position(" Paris", "The capital of France is Paris")
+        """
+        if mode not in ("first", "last"):
+            raise ValueError(f"`mode` must be 'first' or 'last', got {mode!r}.")
+        token = self.to_single_token(single_token) if isinstance(single_token, str) else int(single_token)
+        if isinstance(input, str):
+            tokens = self.to_tokens(input, prepend_bos=prepend_bos, padding_side=padding_side, move_to_device=False)
+        else:
+            tokens = torch.as_tensor(input)
+        if tokens.dim() == 2:
+            if tokens.shape[0] != 1:
+                raise ValueError(f"`input` must be one sequence, got a batch of shape {tuple(tokens.shape)}.")
+            tokens = tokens[0]
+        hits = (tokens == token).nonzero().flatten().tolist()
+        if not hits:
+            raise ArgumentValueError(f"`single_token`={single_token!r} (id {token}) does not occur in `input`.")
+        return hits[0] if mode == "first" else hits[-1]
+
+    def to_single_str_token(self, int_token: int) -> str:
+        """The string of one token id.
+
+        Example:
+            >>> model.to_single_str_token(model.to_single_token(" Paris"))
+            ' Paris'
+        """
+        return self.to_str_tokens(torch.tensor([int(int_token)]))[0]
 
 
 def _strip_eos(

@@ -14,7 +14,7 @@ from conftest import FAMILIES as ALL_FAMILIES
 from conftest import char_tokenizer, make_bridge, make_hf
 
 from transformer_bridge import TransformerBridge, patching
-from transformer_bridge.cache import ActivationCache
+from transformer_bridge.cache.activation_cache import ActivationCache
 from transformer_bridge.relevance import attribution_patching
 from transformer_bridge.utils import get_act_name
 

@@ -14,7 +14,7 @@ from conftest import CONFIGS, FAMILIES, V, adapted_config, char_tokenizer, norma
 from transformers import AutoModelForCausalLM
 
 from transformer_bridge import ActivationCache, TransformerBridge, utils
-from transformer_bridge.sites import get_module
+from transformer_bridge.sites.module_paths import get_module
 
 TOKENS = torch.randint(4, V, (2, 6), generator=torch.Generator().manual_seed(3))
 TOL = dict(atol=2e-5, rtol=1e-5)

@@ -10,7 +10,7 @@ import torch
 from conftest import make_bridge
 
 from transformer_bridge.config import _ASSIGNABLE, BridgeConfig, ConfigFieldError
-from transformer_bridge.names import HookOffError
+from transformer_bridge.hooks.names import HookOffError
 
 PROMPT = torch.tensor([[1, 40, 41, 42]])
 

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from transformer_bridge import ActivationCache, TransformerBridge
 from transformer_bridge.compat import DirectLogitAttribution, direct_logit_attribution
-from transformer_bridge.sites import get_module
+from transformer_bridge.sites.module_paths import get_module
 
 PROMPTS = ["Hello world, this is", "A test"]  # a left-padded batch of two
 UNITS = ["component", "head", "layer"]

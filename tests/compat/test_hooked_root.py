@@ -10,7 +10,7 @@ from torch import nn
 
 from transformer_bridge import ActivationCache, HookedRootModule, HookPoint
 from transformer_bridge.compat.hooked_root import SetupError
-from transformer_bridge.names import NotCachedError, UnknownHookError
+from transformer_bridge.hooks.names import NotCachedError, UnknownHookError
 
 NAMES = ["hook_embed", "blocks.0.hook_pre", "blocks.0.hook_post", "blocks.1.hook_pre", "blocks.1.hook_post"]
 

@@ -12,7 +12,7 @@ from conftest import make_bridge, perturb_
 
 from transformer_bridge import utils
 from transformer_bridge.compat.factored import FactoredMatrix
-from transformer_bridge.sites import get_module
+from transformer_bridge.sites.module_paths import get_module
 
 FAMILIES = ["gpt2", "llama", "gpt_neox", "qwen2"]
 TOKENS = torch.tensor([[1, 5, 17, 42, 98, 3, 60], [1, 9, 9, 33, 71, 12, 4]])

@@ -9,10 +9,10 @@ import torch
 from conftest import FAMILIES, make_bridge, perturb_
 
 from transformer_bridge.adapters.base import centred, one_plus
+from transformer_bridge.cache.decompose import logit_multiplier
 from transformer_bridge.compat import weights
 from transformer_bridge.compat.weights import ATTN_WEIGHTS, MLP_WEIGHTS, WeightNotAvailableError
-from transformer_bridge.decompose import logit_multiplier
-from transformer_bridge.sites import get_module
+from transformer_bridge.sites.module_paths import get_module
 
 TOKENS = torch.tensor([[1, 5, 17, 42, 98, 3, 60], [1, 9, 9, 33, 71, 12, 4]])
 TOL = dict(atol=2e-5, rtol=1e-4)

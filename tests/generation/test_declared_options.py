@@ -2,6 +2,7 @@
 refusals, the HF-config resolution and the docs' option table agree with the declaration."""
 
 import inspect
+import pydoc
 import re
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from transformer_bridge import TransformerBridge
 from transformer_bridge.generation import _NOT_STREAMED, generate
 from transformer_bridge.generation.declare import BY_NAME, CONFIG_FIELDS, OPTIONS, PROCESSORS, markdown_table
 from transformer_bridge.generation.keywords import UNSUPPORTED
+from transformer_bridge.generation.signature import POSITIONAL, GenerateOptions
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "generation.md"
 
@@ -18,6 +20,19 @@ def test_the_signature_is_the_declaration():
     assert [p.name for p in params] == [o.name for o in OPTIONS]
     assert {p.name: p.default for p in params} == {o.name: o.default for o in OPTIONS}
     assert inspect.signature(TransformerBridge.generate) == inspect.signature(generate)
+
+
+def test_the_typed_options_are_the_declaration_and_help_shows_them_all():
+    """`generate` takes ``**options: Unpack[GenerateOptions]`` (no `locals()`): editors read the `TypedDict`,
+    ``help()`` the signature built from the table; both name every option, with its type and default."""
+    assert list(GenerateOptions.__annotations__) == [o.name for o in OPTIONS if o.name not in POSITIONAL]
+    params = inspect.signature(generate).parameters
+    assert all(params[name].annotation == kind for name, kind in GenerateOptions.__annotations__.items())
+    assert [n for n, p in params.items() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD] == ["model", *POSITIONAL]
+    shown = pydoc.render_doc(TransformerBridge.generate, renderer=pydoc.plaintext)
+    header = shown[shown.index("generate(") :].split("\n\n")[0]  # the signature help() prints
+    for option in OPTIONS:
+        assert re.search(rf"[(,] {option.name}: .+? = ", header), option.name
 
 
 def test_the_docstring_documents_every_option_with_its_declared_text():

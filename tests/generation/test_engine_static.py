@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 from transformer_bridge import grammar
 from transformer_bridge.generation import fast
 from transformer_bridge.generation.kv import StaticKVRows, run_chunk
-from transformer_bridge.hook_points import HookContext
+from transformer_bridge.hooks.points import HookContext
 
 PROMPTS = ["Hello world, this is", "Hi", "The cat sat"]
 # Compiling takes seconds per graph on a CPU (and forks make graphs of new batch sizes): a GQA family and a

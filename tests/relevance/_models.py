@@ -5,9 +5,9 @@ import torch
 from conftest import FAMILIES, V, declared_adapter, make_bridge, make_hf
 
 from transformer_bridge.adapters import UnsupportedArchitectureError
-from transformer_bridge.moe import has_dense_expert_internals, has_expert_internals, is_moe_block
 from transformer_bridge.relevance import RelevanceRun
-from transformer_bridge.sites import get_module
+from transformer_bridge.sites.module_paths import get_module
+from transformer_bridge.sites.moe import has_dense_expert_internals, has_expert_internals, is_moe_block
 
 __all__ = ["BIAS_FREE", "FAMILIES", "V", "make_bridge", "padded_pair", "random_tokens", "tiny_run"]
 

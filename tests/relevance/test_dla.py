@@ -6,7 +6,7 @@ from _models import FAMILIES, make_bridge, random_tokens, tiny_run
 from conftest import declared_adapter
 
 from transformer_bridge.relevance import RelevanceRun, relevance_hooks
-from transformer_bridge.sites import get_module
+from transformer_bridge.sites.module_paths import get_module
 
 
 def _randomise_biases(model):

@@ -1,5 +1,9 @@
 """Activations at dataset scale: `harvest` them to sharded safetensors on disk, read them back with
-`ActivationStore` (memory-mapped, epoch-shuffled batches with bounded memory). See docs/analysis.md."""
+`ActivationStore` (memory-mapped, epoch-shuffled batches with bounded memory). See docs/analysis.md.
+
+It is a function over the core bridge: it may import the core (`core`, `layers`, `checks`) and `distributed`, never
+generation or relevance.
+"""
 
 from .plan import HarvestConfigError, parse_bytes
 from .run import HarvestWriteError, harvest

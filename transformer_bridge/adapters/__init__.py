@@ -1,4 +1,8 @@
-"""Architecture adapters: one declarative record per HF family."""
+"""Architecture adapters: one declarative record per HF family.
+
+Open this folder to add a family: one small declarative file and a test. Adapters are data and import nothing else
+of the package; `sites`, `config` and the core read them.
+"""
 
 from ..versions import in_range, installed
 from .base import Adapter

@@ -57,7 +57,7 @@ class MoE:
 @dataclass(frozen=True)
 class SSM:
     """Where a state-space or convolution mixer keeps its projections (paths relative to one block); the
-    points each kind gets are listed in `transformer_bridge.mixers`.
+    points each kind gets are listed in `transformer_bridge.sites.mixers`.
 
     Attributes:
         mixer: the mixer module (its output is ``hook_mixer_out``).
@@ -124,12 +124,12 @@ class Adapter:
             or ``head_pos`` (``[b, head, pos, d]``, Gemma 3, Apertus, Hunyuan, EXAONE 4); ``flat``: one norm
             over all heads of the projection (OLMo 2), shown as HF has it, ``[b, pos, head * d_head]``.
         mla: multi-head latent attention (DeepSeek-V3): ``hook_q`` from the query projection, and instead
-            of ``hook_k`` / ``hook_v`` the latent points of `transformer_bridge.mla`; ``d_head`` is the value
+            of ``hook_k`` / ``hook_v`` the latent points of `transformer_bridge.sites.mla`; ``d_head`` is the value
             head width.
         ssm: a state-space family (`SSM`): its blocks have a mixer instead of attention and MLP, and get
-            the points of `transformer_bridge.ssm` (no attention or MLP points).
+            the points of `transformer_bridge.sites.ssm` (no attention or MLP points).
         hybrid: a hybrid family's state-space or convolution mixer (`SSM`): a block holding ``hybrid.out_proj``
-            gets the mixer points (`transformer_bridge.mixers`) instead of the attention points; a block without
+            gets the mixer points (`transformer_bridge.sites.mixers`) instead of the attention points; a block without
             the attention's ``o_proj`` has no attention points, one without the MLP (or experts) no MLP points
             (Nemotron-H's blocks hold one sublayer each).
         moe: the mixture-of-experts layout (`MoE`); a block whose ``moe.experts`` module exists gets the

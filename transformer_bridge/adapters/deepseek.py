@@ -1,4 +1,4 @@
-"""DeepSeek-V3: multi-head latent attention (`transformer_bridge.mla`) and mixture-of-experts blocks.
+"""DeepSeek-V3: multi-head latent attention (`transformer_bridge.sites.mla`) and mixture-of-experts blocks.
 
 The first ``first_k_dense_replace`` blocks have a dense Llama MLP; the others a router (sigmoid scores,
 a bias-corrected group top-k: ``sigmoid_group_topk``), experts in the standard layout (so

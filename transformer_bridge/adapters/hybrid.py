@@ -1,7 +1,7 @@
 """Hybrid families: layers of attention and layers of a state-space or convolution mixer in one stack.
 
 A block that holds the mixer (``hybrid.out_proj`` exists there) gets the mixer points of its kind
-(`transformer_bridge.mixers`) and ``hook_mixer_out``; one that holds the attention's output projection gets
+(`transformer_bridge.sites.mixers`) and ``hook_mixer_out``; one that holds the attention's output projection gets
 the attention points, through HF's attention registry as in every family; the MLP (or mixture of experts)
 points and ``hook_resid_mid`` exist where the block has an MLP. ``hook_resid_pre`` / ``hook_resid_post`` and
 the norms are on every block.

@@ -1,8 +1,8 @@
 """Mamba, Falcon-Mamba and Mamba 2: state-space families. Each block is ``norm → mixer → + residual``; no
 attention, no MLP.
 
-The hook points are those of `transformer_bridge.ssm`, with the mixer points of each kind
-(`transformer_bridge.mixers`): no ``hook_pattern``, no q/k/v, no MLP points. The attention / MLP paths below
+The hook points are those of `transformer_bridge.sites.ssm`, with the mixer points of each kind
+(`transformer_bridge.sites.mixers`): no ``hook_pattern``, no q/k/v, no MLP points. The attention / MLP paths below
 are placeholders the state-space sites never read, except ``mlp_down`` (the mixer's output projection), whose
 input width is reported as ``cfg.d_mlp`` (the mixer's width).
 """

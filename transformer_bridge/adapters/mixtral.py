@@ -1,6 +1,6 @@
 """Mixture-of-experts families with the Llama layout: Mixtral, Qwen2-MoE (shared expert), Qwen3-MoE, OLMoE.
 
-The MLP is a router (``mlp.gate``) and an experts module (``mlp.experts``); see `transformer_bridge.moe`
+The MLP is a router (``mlp.gate``) and an experts module (``mlp.experts``); see `transformer_bridge.sites.moe`
 for the hook points. Qwen2-MoE's dense blocks (``mlp_only_layers``) keep the Llama MLP points.
 """
 

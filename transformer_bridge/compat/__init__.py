@@ -1,5 +1,9 @@
 """The TransformerLens-compatible surface over the core bridge: `TransformerLensSurface` (the one mixin of the
-public class) and the modules doing its work."""
+public class) and the modules doing its work.
+
+It is a layer over the core bridge: it may import the core, `cache`, `hooks`, `sites`, `adapters` and `distributed`;
+only `bridge.py` mixes it into the public class.
+"""
 
 from .components import Blocks, ComponentView
 from .dla_tool import DirectLogitAttribution, direct_logit_attribution

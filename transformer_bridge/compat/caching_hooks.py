@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..cache import check_pos_slice
-from ..caching import CachingDict
+from ..cache.activation_cache import check_pos_slice
+from ..cache.caching import CachingDict
 from ..checks import ArgumentTypeError, check_bool, check_device, describe
-from ..hook_points import HookPoint
-from ..names import tl4_spelling
+from ..hooks.names import tl4_spelling
+from ..hooks.points import HookPoint
 
 HookPair = tuple[str, Callable[[Tensor, HookPoint], None]]
 

@@ -15,7 +15,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..core import BridgeCore
-from ..sites import get_module
+from ..sites.module_paths import get_module
 from . import weights
 from .factored import FactoredMatrix
 

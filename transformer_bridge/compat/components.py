@@ -13,10 +13,10 @@ from typing import Any
 from torch import nn
 
 from ..core import BridgeCore
-from ..hook_points import HookPoint
-from ..moe import is_moe_block
-from ..names import tl4_spelling
-from ..sites import get_module, optional_module
+from ..hooks.names import tl4_spelling
+from ..hooks.points import HookPoint
+from ..sites.module_paths import get_module, optional_module
+from ..sites.moe import is_moe_block
 from . import weights
 
 Weight = Callable[[BridgeCore, int], Any]

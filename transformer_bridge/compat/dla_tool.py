@@ -32,10 +32,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..cache import ActivationCache
+from ..cache.activation_cache import ActivationCache
+from ..cache.pos_slice import PosSlice, check_pos_slice
 from ..checks import ArgumentTypeError, ArgumentValueError, describe, is_int
 from ..core import BridgeCore
-from ..pos_slice import PosSlice, check_pos_slice
 from .weights import b_U
 
 __all__ = ["UNITS", "AnswerTokens", "DirectLogitAttribution", "Unit", "direct_logit_attribution"]

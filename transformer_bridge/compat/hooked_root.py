@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..cache import ActivationCache
+from ..cache.activation_cache import ActivationCache
 from ..checks import ArgumentValueError, check_bool, describe
-from ..hook_checks import check_direction, check_hook_fn
-from ..hook_entries import Direction, HookFn
-from ..hook_points import HookHandle, HookPoint, HookRegistry
-from ..names import NameFilter
+from ..hooks.checks import check_direction, check_hook_fn
+from ..hooks.entries import Direction, HookFn
+from ..hooks.names import NameFilter
+from ..hooks.points import HookHandle, HookPoint, HookRegistry
 from .caching_hooks import HookPair, caching_hooks
 
 __all__ = ["HookedRootModule", "SetupError"]

@@ -21,10 +21,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformers import DynamicCache
 
-from ..caching import next_token_loss, next_token_losses
+from ..cache.caching import next_token_loss, next_token_losses
 from ..checks import describe
-from ..context import HookContext
 from ..core import BridgeCore
+from ..hooks.context import HookContext
 from ..inputs import left_padding_mask
 
 __all__ = ["TransformerLensKeyValueCache", "TransformerLensKeyValueCacheEntry", "get_pos_offset"]

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from ..adapters.base import centred, one_plus
 from ..core import BridgeCore
-from ..sites import get_module, optional_module
+from ..sites.module_paths import get_module, optional_module
 from . import weights
 from .factored import FactoredMatrix
 

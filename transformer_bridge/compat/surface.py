@@ -8,17 +8,16 @@ done by the functions of the modules named in each section, next to what they se
 """
 
 import warnings
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from .. import cache_full
-from ..checks import ArgumentValueError, check_bool
+from ..cache import full
+from ..checks import check_bool
 from ..core import BridgeCore
-from ..hook_points import HookPoint
-from ..inputs import PaddingSide
+from ..hooks.points import HookPoint
 from .caching_hooks import HookPair, caching_hooks, hook_point
 from .circuits import CompositionScores, composition_scores, get_params, per_query_head
 from .components import Blocks, ComponentView, build_components
@@ -316,7 +315,7 @@ class TransformerLensSurface:
         Example:
             >>> model.accumulated_bias(2).shape    # [d_model]
         """
-        return cache_full.accumulated_bias(self, layer, mlp_input, include_mlp_biases)
+        return full.accumulated_bias(self, layer, mlp_input, include_mlp_biases)
 
     @property
     def mod_dict(self) -> dict[str, Any]:
@@ -404,36 +403,7 @@ class TransformerLensSurface:
         warnings.warn("cache_some is deprecated; use add_caching_hooks or run_with_cache.", DeprecationWarning, 2)
         return self.add_caching_hooks(names, incl_bwd, device, remove_batch_dim, cache)
 
-    # -- token helpers ---------------------------------------------------------------------------------------
-
-    def get_token_position(
-        self,
-        single_token: str | int,
-        input: str | Int[Tensor, "pos"] | Int[Tensor, "1 pos"],
-        mode: Literal["first", "last"] = "first",
-        prepend_bos: bool | None = None,
-        padding_side: PaddingSide | None = None,
-    ) -> int:
-        """Position of ``single_token`` in ``input`` (its first or last occurrence), as TransformerLens.
-
-        Example:
-            >>> model.get_token_position(" Paris", "The capital of France is Paris")
-        """
-        if mode not in ("first", "last"):
-            raise ValueError(f"`mode` must be 'first' or 'last', got {mode!r}.")
-        token = self.to_single_token(single_token) if isinstance(single_token, str) else int(single_token)
-        if isinstance(input, str):
-            tokens = self.to_tokens(input, prepend_bos=prepend_bos, padding_side=padding_side, move_to_device=False)
-        else:
-            tokens = torch.as_tensor(input)
-        if tokens.dim() == 2:
-            if tokens.shape[0] != 1:
-                raise ValueError(f"`input` must be one sequence, got a batch of shape {tuple(tokens.shape)}.")
-            tokens = tokens[0]
-        hits = (tokens == token).nonzero().flatten().tolist()
-        if not hits:
-            raise ArgumentValueError(f"`single_token`={single_token!r} (id {token}) does not occur in `input`.")
-        return hits[0] if mode == "first" else hits[-1]
+    # -- token helpers (the rest of TransformerLens' token helpers are the core's, tokens.py) -----------------
 
     def tokens_to_residual_directions(self, tokens: str | int | Int[Tensor, "..."]) -> Float[Tensor, "... d_model"]:
         """The residual direction each token is read along: its column of the folded `W_U` (TransformerLens).
@@ -445,10 +415,6 @@ class TransformerLensSurface:
             tokens = self.to_single_token(tokens)
         index = torch.as_tensor(tokens, device=self.W_U.device)
         return self.W_U[:, index].movedim(0, -1)
-
-    def to_single_str_token(self, int_token: int) -> str:
-        """The string of one token id."""
-        return self.to_str_tokens(torch.tensor([int(int_token)]))[0]
 
     # -- the wrapped model under its TransformerLens name -------------------------------------------------
 

@@ -30,12 +30,12 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..adapters.base import one_plus
+from ..cache.decompose import logit_multiplier
 from ..checks import ArgumentIndexError, ArgumentTypeError
 from ..core import BridgeCore
-from ..decompose import logit_multiplier
 from ..distributed import full_param
-from ..moe import is_moe_block
-from ..sites import get_module
+from ..sites.module_paths import get_module
+from ..sites.moe import is_moe_block
 
 __all__ = [
     "ATTN_WEIGHTS",

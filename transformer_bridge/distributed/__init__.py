@@ -4,6 +4,8 @@ The mechanisms live here and the core uses them (this package imports only `hook
 bridge, so `core` and `sites` can import it without a cycle): `params` reads weights that accelerate
 offloaded or tensor parallelism sharded, `tensor_parallel` gathers shards for hooks and re-shards
 edits. The user-facing opt-in is `local_shards`. See docs/scaling.md.
+
+It may import only `hooks`, `adapters` and `versions`, so the core and `sites` may use it.
 """
 
 from .params import full_param, input_device, local_param, onloaded

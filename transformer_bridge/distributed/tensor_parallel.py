@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from ..adapters import UnsupportedArchitectureError
-from ..hook_points import HookPoint, HookRegistry
+from ..hooks.points import HookPoint, HookRegistry
 from ..versions import installed
 
 __all__ = ["SHARDED_AXES", "SUPPORTED_STYLES", "ShardSpec", "attach_shard_specs", "check_tensor_parallel",

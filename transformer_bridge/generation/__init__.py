@@ -14,26 +14,30 @@ Options: ``keywords.py`` (the keywords `generate` takes; HF's it lacks, and what
 functions), ``processors.py`` (penalties, bans, biases), ``stopping.py`` (EOS, stop strings, criteria,
 time). Controllers: ``branch.py`` (`Branch`, `View`), ``grammar.py`` (llguidance), ``builtins.py``
 (`force`, `stop_on`). Output: ``outputs.py`` (`GenerationOutput`), ``stream.py`` (`generate_stream`).
+
+It is a function package over the core bridge: it may import the core, `cache`, `hooks`, `inputs` and `versions`,
+never relevance, compat or the CLI.
 """
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
-from transformers import GenerationConfig
+from typing_extensions import Unpack
 
-from ..cache import ActivationCache
+from ..cache.activation_cache import ActivationCache
 from ..checks import check_int
-from ..core import BridgeCore, Input, NamesFilter
-from . import beams, control, declare, decode, fast, keywords, resolve, speculative, stream
+from ..core import BridgeCore
+from . import beams, control, declare, decode, fast, keywords, resolve, signature, speculative, stream
 from . import kv as kvrows
 from .branch import ANY_TOKEN, Branch, View
 from .control import ControllerError
 from .outputs import FINISH_REASONS, FinishReason, GenerationOutput
 from .sampling import draw, sample, warp_logits
+from .signature import GenerateOptions, Prompt
 
 __all__ = [
     "ANY_TOKEN",
@@ -51,7 +55,6 @@ __all__ = [
 ]
 
 Text = str | list[str]
-Prompt = Input | Mapping[str, Tensor] | None
 
 
 @overload
@@ -106,84 +109,17 @@ def generate(
 ) -> tuple[GenerationOutput, ActivationCache]: ...  # fmt: skip
 
 
-@keywords.checked_keywords()
+@keywords.checked_keywords([o.name for o in declare.OPTIONS])
 @torch.no_grad()
 def generate(
     model: BridgeCore,
     input: Prompt = None,
     max_new_tokens: int | None = None,
-    *,
-    inputs: Prompt = None,
-    input_ids: Tensor | None = None,
-    attention_mask: Tensor | None = None,
-    token_type_ids: Tensor | None = None,
-    generation_config: GenerationConfig | None = None,
-    max_length: int | None = None,
-    min_new_tokens: int | None = None,
-    min_length: int | None = None,
-    use_cache: bool | None = None,
-    use_past_kv_cache: bool | None = None,
-    logit_bias: Mapping[int, float] | None = None,
-    sequence_bias: Mapping[tuple[int, ...], float] | Sequence | None = None,
-    repetition_penalty: float | None = None,
-    frequency_penalty: float | None = None,
-    presence_penalty: float | None = None,
-    no_repeat_ngram_size: int | None = None,
-    bad_words_ids: Sequence[Sequence[int]] | None = None,
-    forced_bos_token_id: int | None = None,
-    forced_eos_token_id: int | Sequence[int] | None = None,
-    remove_invalid_values: bool | None = None,
-    exponential_decay_length_penalty: tuple[int, float] | None = None,
-    suppress_tokens: Sequence[int] | None = None,
-    begin_suppress_tokens: Sequence[int] | None = None,
-    logits_processor: Sequence[Callable] | None = None,
-    freq_penalty: float | None = None,
-    renormalize_logits: bool | None = None,
-    do_sample: bool | None = None,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    typical_p: float | None = None,
-    epsilon_cutoff: float | None = None,
-    eta_cutoff: float | None = None,
-    seed: int | None = None,
-    generator: torch.Generator | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    stop_at_eos: bool | None = None,
-    pad_token_id: int | None = None,
-    stop_strings: str | Sequence[str] | None = None,
-    tokenizer: Any = None,
-    max_time: float | None = None,
-    stopping_criteria: Sequence[Callable] | None = None,
-    num_return_sequences: int | None = None,
-    num_beams: int | None = None,
-    length_penalty: float | None = None,
-    early_stopping: bool | str | None = None,
-    streamer: Any = None,
-    verbose: bool = False,
-    return_type: Literal["input", "str", "tokens"] = "input",
-    return_dict: bool = False,
-    return_dict_in_generate: bool | None = None,
-    top_logprobs: int = 0,
-    output_logits: bool | None = None,
-    output_scores: bool | None = None,
-    return_input_tokens: bool = False,
-    return_cache: bool = False,
-    names_filter: NamesFilter = None,
-    device: str | torch.device | None = None,
-    prepend_bos: bool | None = None,
-    padding_side: Literal["left", "right"] | None = None,
-    controller: Any = None,
-    max_steps: int | None = None,
-    prompt_lookup_num_tokens: int | None = None,
-    assistant_model: BridgeCore | None = None,
-    num_assistant_tokens: int | None = None,
-    cache_implementation: Literal["dynamic", "static"] = "dynamic",
-    compile: bool = False,
+    **options: Unpack[GenerateOptions],
 ) -> Any:
     # The docstring is `_GENERATE_DOC` with the Args of `declare.OPTIONS` (below the function).
-    request = resolve.prepare(model, locals())  # every argument above, by name
+    args = signature.arguments(input, max_new_tokens, options)  # every option by name, defaults from the table
+    request = resolve.prepare(model, args)
     p, tokens, mask = request.plan, request.tokens, request.mask
     n = p.search.num_return_sequences
     drafts = speculative.drafter(model, request.speculation, p)
@@ -199,7 +135,7 @@ def generate(
             mask = mask.repeat_interleave(n, dim=0)
         if request.controller is None and drafts is None:
             embeds = None if request.embeds is None else request.embeds.repeat_interleave(n, dim=0)
-            out = decode.generate(model, tokens, mask, p, static, static and compile, embeds)
+            out = decode.generate(model, tokens, mask, p, static, static and request.compile, embeds)
         else:  # the row driver: a controller, speculative decoding (`drafts`), or both
             if resolve.has_gaps(mask):
                 raise ValueError(
@@ -215,7 +151,7 @@ def generate(
             length = tokens.shape[1] + p.max_new_tokens  # a static cache: prompt + new tokens
             kv = kvrows.StaticKVRows(model, len(tokens), length) if static else None
             steps = request.max_steps if request.controller is not None else None
-            out = control.generate(model, tokens, mask, p, controllers, steps, kv, static and compile, drafts)
+            out = control.generate(model, tokens, mask, p, controllers, steps, kv, static and request.compile, drafts)
 
     if request.embeds is not None:  # the placeholder prompt is no output: generated tokens only, as HF
         out = dataclasses.replace(out, sequences=out.sequences[:, out.prompt_width :],
@@ -226,7 +162,7 @@ def generate(
         out.text = _texts(model, request.prompts, out, n)
     if request.hf_layout and isinstance(out.logits, Tensor):
         out.logits = tuple(out.logits.unbind(1))
-    kind = return_type if return_type != "input" or request.embeds is None else "embeds"
+    kind = args["return_type"] if args["return_type"] != "input" or request.embeds is None else "embeds"
     if request.return_dict:
         result: Any = out
     elif kind == "embeds":
@@ -292,6 +228,8 @@ Example:
     ...                                    names_filter=["blocks.3.hook_resid_post"])
 """
 generate.__doc__ = _GENERATE_DOC.format(args=declare.render_args())
+# help(), IDEs that read it and `inspect.signature` see every option, with the table's defaults.
+generate.__signature__ = signature.signature()  # type: ignore[attr-defined]
 # What `generate_stream` refuses, and what to do instead: the options whose declared paths lack "stream".
 _NOT_STREAMED = declare.not_streamed()
 _SIGNATURE = inspect.signature(generate).parameters

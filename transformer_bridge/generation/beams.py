@@ -24,7 +24,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..core import BridgeCore
-from ..hook_points import HookContext
+from ..hooks.points import HookContext
 from ..versions import BEAM_SAMPLES_SORTED
 from .beam_control import BeamControl
 from .control import own_copy

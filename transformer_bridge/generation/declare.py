@@ -4,7 +4,7 @@ that honour it, its command-line type, and (for logits processors) its implement
 What is derived from `OPTIONS`: the Args section of `generate`'s docstring (`render_args`), the options
 `generate_stream` refuses and why (`not_streamed`), the HF generation-config fields resolved as HF resolves
 them (`CONFIG_FIELDS`), the processors and their order in the one token chooser (`sampler.build_sampler`),
-the command line's flags (`cli.py`), and the option table of docs/generation.md (`markdown_table`).
+the command line's flags (`cli/options.py`), and the option table of docs/generation.md (`markdown_table`).
 `generate`'s signature is written out (so editors see it) and a test keeps it equal to `OPTIONS`: names,
 order and defaults.
 
@@ -72,7 +72,7 @@ class Option:
         alias_of: another name for that option (both are accepted; passing both, different, raises).
         paths: where it is honoured (see the module docstring); elsewhere it is refused, with ``elsewhere``.
         elsewhere: what to do instead on the paths it lacks.
-        cli: its command-line type (`cli.py`): ``int``, ``float``, ``bool``, ``str``, ``ints`` (a list of
+        cli: its command-line type (`cli/options.py`): ``int``, ``float``, ``bool``, ``str``, ``ints`` (a list of
             token ids), ``strs``, ``json``; None: no flag (tensors, callables, objects).
         build: for a logits processor: ``build(value, context)`` returns it (None at a neutral value);
             ``order`` places it in HF's processor order.

@@ -29,9 +29,9 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformers import DynamicCache
 
-from ..cache import ActivationCache
+from ..cache.activation_cache import ActivationCache
 from ..core import BridgeCore
-from ..hook_points import HookContext
+from ..hooks.points import HookContext
 from . import fast
 from .kv import make_kv, run_chunk
 from .options import Plan

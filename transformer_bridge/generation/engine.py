@@ -36,7 +36,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..core import BridgeCore
-from ..hook_points import HookContext
+from ..hooks.points import HookContext
 from .fast import compiled_step
 from .kv import KVRows, realignment, run_chunk
 

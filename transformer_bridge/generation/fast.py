@@ -35,7 +35,7 @@ from torch import Tensor
 from transformers import StaticCache
 
 from ..core import BridgeCore
-from ..hook_points import HookContext
+from ..hooks.points import HookContext
 from . import packed
 from .compiled import compile_options
 from .options import Plan

@@ -39,7 +39,7 @@ from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import LinearAttentionCacheLayerMixin, StaticLayer
 
 from ..core import BridgeCore
-from ..hook_points import HookContext
+from ..hooks.points import HookContext
 from . import fast
 from .fast import COMPILE_SECONDS, RECOMPILE_LIMIT, bucket_length
 

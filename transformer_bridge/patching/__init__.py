@@ -14,6 +14,9 @@ Example:
     >>> _, clean_cache = model.run_with_cache(clean_tokens)
     >>> metric = lambda logits: logits[0, -1, paris] - logits[0, -1, rome]
     >>> scan = patching.get_act_patch_resid_pre(model, corrupted_tokens, clean_cache, metric)   # [n_layers, pos]
+
+It is a function package over the core bridge: it may import the core, `cache`, `sites` (to read which module serves
+a point) and `utils`.
 """
 
 from .engine import AXES, REDUCE, MetricFn, PatchSetter, chunk_size, generic_activation_patch

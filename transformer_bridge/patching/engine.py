@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..cache import ActivationCache
+from ..cache.activation_cache import ActivationCache
 from ..checks import (
     ArgumentIndexError,
     ArgumentTypeError,
@@ -29,7 +29,7 @@ from ..checks import (
     suggest_keywords,
 )
 from ..core import BridgeCore
-from ..sites import get_module
+from ..sites.module_paths import get_module
 from .result import PatchingResult, dataframe, index_rows
 
 try:  # optional: a progress bar with `progress=True`

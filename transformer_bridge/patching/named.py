@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..cache import ActivationCache
+from ..cache.activation_cache import ActivationCache
 from ..core import BridgeCore
 from .engine import MetricFn, generic_activation_patch
 from .result import PatchingResult, index_rows

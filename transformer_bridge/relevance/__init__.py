@@ -7,6 +7,9 @@ same in one call. Methods (see `METHODS`): ``attnlrp`` (default), ``cp_lrp``, ``
 ``integrated_gradients``, ``grad_norm``, ``attention``, ``random``, ``dla``, ``logit_lens``,
 ``attribution_patching``. Everything runs through the bridge's hook points; no model code is changed.
 Every method is one function over a `Request`, registered as a `Method` with its `Option`s declared once.
+
+It is a function package over the core bridge: it may import the core, `cache`, `hooks`, `sites` and `viz`, never
+compat or the CLI.
 """
 
 from collections.abc import Sequence
@@ -16,7 +19,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from ..cache import ActivationCache
+from ..cache.activation_cache import ActivationCache
 from ..checks import ArgumentTypeError, describe
 from ..core import BridgeCore, NamesFilter
 from ..generation import generate

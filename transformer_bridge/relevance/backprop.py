@@ -12,7 +12,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..hook_points import HookPoint
+from ..hooks.points import HookPoint
 from .protocol import Request
 from .targets import ExplainedToken
 

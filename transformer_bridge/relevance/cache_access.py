@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from ..cache import ActivationCache
+from ..cache.activation_cache import ActivationCache
 
 
 class MissingHookError(KeyError):

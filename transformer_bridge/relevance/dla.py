@@ -2,7 +2,7 @@
 
 What it computes: the final residual stream at the predicting position is a sum of components
 (embedding, position embedding, each head's output, each layer's attention-output bias, each MLP's
-output): `transformer_bridge.decompose.components`, the decomposition the cache's TransformerLens
+output): `transformer_bridge.cache.decompose.components`, the decomposition the cache's TransformerLens
 methods also use. The final norm is linear once its scale is fixed, so each component is (centred for
 LayerNorm and) divided by the *cached* ``ln_final`` scale, then projected on ``γ ⊙ W_U_raw[:, t]``
 (minus the contrast token's direction for ``("logit_diff", c)``; times Cohere's logit scale). Two bias
@@ -29,8 +29,7 @@ Cost: no forward, a few small matmuls.
 import torch
 from torch import Tensor
 
-from ..core import BridgeCore
-from ..decompose import (
+from ..cache.decompose import (
     Activations,
     Component,
     components,
@@ -42,6 +41,7 @@ from ..decompose import (
     post_norm_scale_name,
     readout_biases,
 )
+from ..core import BridgeCore
 from .cache_access import require
 from .protocol import Method, Request
 from .result import MethodOutput

@@ -10,9 +10,9 @@ the explained rows.
 
 import torch
 
+from ..cache.decompose import logit_multiplier
 from ..core import BridgeCore
-from ..decompose import logit_multiplier
-from ..sites import get_module
+from ..sites.module_paths import get_module
 from .cache_access import require
 from .protocol import Method, Request
 from .result import MethodOutput

@@ -12,7 +12,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from ..cache import ActivationCache
+from ..cache.activation_cache import ActivationCache
 from ..checks import ArgumentIndexError, ArgumentTypeError, describe, did_you_mean
 from ..core import BridgeCore
 from . import baselines, dla, gradients, logit_lens, lrp, patching

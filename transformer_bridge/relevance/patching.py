@@ -16,10 +16,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..cache import ActivationCache
+from ..cache.activation_cache import ActivationCache
 from ..checks import ArgumentTypeError, describe
 from ..core import BridgeCore
-from ..hook_points import HookPoint
+from ..hooks.points import HookPoint
 from .backprop import rounds
 from .protocol import Method, Option, Request
 from .result import MethodOutput

@@ -27,7 +27,7 @@ from typing import Any
 from jaxtyping import Int
 from torch import Tensor
 
-from ..cache import ActivationCache
+from ..cache.activation_cache import ActivationCache
 from ..checks import ArgumentTypeError, check_bool, check_int, describe, did_you_mean
 from ..core import BridgeCore
 from .result import MethodOutput

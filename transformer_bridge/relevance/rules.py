@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ..core import BridgeCore
-from ..hook_points import HookPoint
+from ..hooks.points import HookPoint
 from .backprop import safe_ratio, scale_gradient
 
 Variant = Literal["attnlrp", "cp_lrp"]

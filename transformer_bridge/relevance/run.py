@@ -7,7 +7,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from ..cache import ActivationCache
+from ..cache.activation_cache import ActivationCache
 from ..checks import ArgumentIndexError, ArgumentTypeError, check_int, describe, is_int
 from ..core import BridgeCore
 from .methods import explain

@@ -17,6 +17,9 @@ TransformerLens itself: docs/transformerlens.md ("utils").
   `get_nested_attr`, `set_nested_attr`, `temporarily_swap_parameter`, `get_device`, `is_library_available`
 - statistics: `derive_generator`, `standard_error`, `bootstrap_ci`, `sign_flip_permutation_pvalue`,
   `success_rate_ci`, `SuccessRateInterval`
+
+It may import only `hooks` (the name grammar) and the top-level `checks` / `optional`, so every other folder may use
+it.
 """
 
 from .act_name import get_act_name

@@ -4,8 +4,8 @@ import re
 
 import numpy as np
 
-from .. import names
 from ..checks import ArgumentTypeError, describe
+from ..hooks import names
 
 _NAME_ALIAS = {
     "attn_logits": "attn_scores",

@@ -18,7 +18,7 @@ from transformer_bridge import ActivationCache, HookedRootModule, HookPoint, Ten
 from transformer_bridge.compat.dla_tool import DirectLogitAttribution, direct_logit_attribution
 from transformer_bridge.compat.factored import FactoredMatrix
 from transformer_bridge.compat.kv_cache import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
-from transformer_bridge.hook_points import HookRegistry
+from transformer_bridge.hooks.points import HookRegistry
 
 from ._bridge import (
     ArchitectureAdapter,

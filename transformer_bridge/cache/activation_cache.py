@@ -10,11 +10,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from . import cache_full, cache_io, cache_tl
-from .cache_io import CacheFileError
-from .names import HookNames, HookOffError, NotCachedError, tl4_spelling
+from ..hooks.names import HookNames, HookOffError, NotCachedError, tl4_spelling
+from ..utils import get_act_name
+from . import analysis, full, heads, storage
 from .pos_slice import PosSlice, check_pos_slice
-from .utils import get_act_name
+from .storage import CacheFileError
 
 
 class CacheModel(Protocol):
@@ -134,7 +134,7 @@ class ActivationCache(Mapping[str, Tensor]):
         Example:
             >>> cache.apply_slice_to_batch_dim(0)["resid_post", 0].shape   # [pos, d_model]
         """
-        return cache_full.apply_slice_to_batch_dim(self, batch_slice)
+        return full.apply_slice_to_batch_dim(self, batch_slice)
 
     def remove_batch_dim(self, batch_size: int | None = None) -> "ActivationCache":
         """Drop the batch dimension of a batch-1 cache, in place as TransformerLens does; returns the cache.
@@ -147,11 +147,11 @@ class ActivationCache(Mapping[str, Tensor]):
             >>> _, cache = model.run_with_cache("Hi")
             >>> cache.remove_batch_dim()["resid_post", 0].shape   # [pos, d_model]; cache.has_batch_dim is False
         """
-        return cache_full.remove_batch_dim(self, batch_size)
+        return full.remove_batch_dim(self, batch_size)
 
     def _batch_size(self) -> int:
-        """The number of rows (see `cache_full.batch_size`)."""
-        return cache_full.batch_size(self)
+        """The number of rows (see `full.batch_size`)."""
+        return full.batch_size(self)
 
     # -- analysis -----------------------------------------------------------------------------
     def _need_model(self) -> CacheModel:
@@ -217,7 +217,7 @@ class ActivationCache(Mapping[str, Tensor]):
             >>> labels[0], labels[-1]
             ('0_pre', 'final_post')
         """
-        return cache_tl.accumulated_resid(self, layer, incl_mid, apply_ln, pos_slice, mlp_input, return_labels)
+        return analysis.accumulated_resid(self, layer, incl_mid, apply_ln, pos_slice, mlp_input, return_labels)
 
     def decompose_resid(
         self,
@@ -245,7 +245,7 @@ class ActivationCache(Mapping[str, Tensor]):
             >>> torch.allclose(parts.sum(0), cache["resid_post", -1], atol=1e-5)
             True
         """
-        return cache_tl.decompose_resid(self, layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels)
+        return analysis.decompose_resid(self, layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels)
 
     def compute_head_results(self) -> None:
         """Store each layer's ``blocks.L.attn.hook_result`` computed from the cached ``hook_z``.
@@ -257,7 +257,7 @@ class ActivationCache(Mapping[str, Tensor]):
             >>> _, cache = model.run_with_cache("Hi", names_filter=lambda n: "hook_z" in n)
             >>> cache.compute_head_results(); cache["result", 0].shape   # [batch, pos, head, d_model]
         """
-        cache_tl.compute_head_results(self)
+        heads.compute_head_results(self)
 
     def stack_head_results(
         self,
@@ -274,12 +274,12 @@ class ActivationCache(Mapping[str, Tensor]):
         whole model (the final residual stream, one row), and a ``layer`` below -1 with it is refused;
         without it, negative layers count from the end (-1, None: ``n_layers``). Read from ``hook_result``,
         or computed from ``hook_z`` when the result is not cached. For Gemma 2 the rows are the heads' outputs
-        through the post-attention norm at its cached scale (see ``cache_tl``), so they sum to ``attn_out``.
+        through the post-attention norm at its cached scale (see ``cache.heads``), so they sum to ``attn_out``.
 
         Example:
             >>> heads, labels = cache.stack_head_results(return_labels=True)   # labels "L0H0", …
         """
-        return cache_tl.stack_head_results(self, layer, return_labels, incl_remainder, pos_slice, apply_ln)
+        return heads.stack_head_results(self, layer, return_labels, incl_remainder, pos_slice, apply_ln)
 
     def get_neuron_results(
         self,
@@ -297,7 +297,7 @@ class ActivationCache(Mapping[str, Tensor]):
         Example:
             >>> cache.get_neuron_results(0, neuron_slice=[3, 7]).shape   # [batch, pos, 2, d_model]
         """
-        return cache_tl.get_neuron_results(self, layer, neuron_slice, pos_slice, project_output_onto)
+        return heads.get_neuron_results(self, layer, neuron_slice, pos_slice, project_output_onto)
 
     def stack_neuron_results(
         self,
@@ -321,7 +321,7 @@ class ActivationCache(Mapping[str, Tensor]):
         Example:
             >>> neurons, labels = cache.stack_neuron_results(1, return_labels=True)   # labels "L0N0", …
         """
-        return cache_tl.stack_neuron_results(
+        return heads.stack_neuron_results(
             self, layer, pos_slice, neuron_slice, return_labels, incl_remainder, apply_ln, mlp_input,
             project_output_onto,
         )  # fmt: skip
@@ -338,7 +338,7 @@ class ActivationCache(Mapping[str, Tensor]):
         Example:
             >>> cache.accumulated_bias(2).shape   # [d_model]
         """
-        return cache_full.accumulated_bias(self._need_model(), layer, mlp_input, include_mlp_biases)
+        return full.accumulated_bias(self._need_model(), layer, mlp_input, include_mlp_biases)
 
     def get_full_resid_decomposition(
         self,
@@ -364,7 +364,7 @@ class ActivationCache(Mapping[str, Tensor]):
             >>> parts, labels = cache.get_full_resid_decomposition(return_labels=True)
             >>> attrs = cache.logit_attrs(parts, tokens=model.to_single_token(" Paris"))
         """
-        return cache_full.get_full_resid_decomposition(
+        return full.get_full_resid_decomposition(
             self, layer, mlp_input, expand_neurons, apply_ln, pos_slice, return_labels, project_output_onto
         )
 
@@ -376,7 +376,7 @@ class ActivationCache(Mapping[str, Tensor]):
         Example:
             >>> cache.stack_activation("pattern").shape   # [layer, batch, head, query_pos, key_pos]
         """
-        layer = cache_tl.resolve_layer(layer, self._need_model().cfg.n_layers)
+        layer = analysis.resolve_layer(layer, self._need_model().cfg.n_layers)
         return torch.stack([self[activation_name, i, sublayer_type] for i in range(layer)])
 
     def apply_ln_to_stack(
@@ -403,7 +403,7 @@ class ActivationCache(Mapping[str, Tensor]):
         Example:
             >>> normed = cache.apply_ln_to_stack(cache.decompose_resid(pos_slice=-1), layer=-1, pos_slice=-1)
         """
-        return cache_tl.apply_ln_to_stack(
+        return analysis.apply_ln_to_stack(
             self, residual_stack, layer, mlp_input, pos_slice, batch_slice, has_batch_dim, recompute_ln
         )
 
@@ -431,7 +431,7 @@ class ActivationCache(Mapping[str, Tensor]):
             >>> stack = cache.decompose_resid(pos_slice=-1)
             >>> attrs = cache.logit_attrs(stack, tokens=" Paris", pos_slice=-1)   # [component, batch, 1]
         """
-        return cache_tl.logit_attrs(
+        return analysis.logit_attrs(
             self, residual_stack, tokens, incorrect_tokens, pos_slice, batch_slice, has_batch_dim, has_applied_ln
         )
 
@@ -442,7 +442,7 @@ class ActivationCache(Mapping[str, Tensor]):
         Example:
             >>> cache.save("acts.safetensors")
         """
-        cache_io.save(self, path)
+        storage.save(self, path)
 
     @classmethod
     def load(
@@ -453,7 +453,7 @@ class ActivationCache(Mapping[str, Tensor]):
         Example:
             >>> cache = ActivationCache.load("acts.safetensors", model)
         """
-        return cls(model=model, **cache_io.load(path, device))
+        return cls(model=model, **storage.load(path, device))
 
 
 def _layers_in(names: Iterable[str]) -> int:

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .adapters.base import centred as is_centred
-from .distributed import local_param, onloaded
+from ..adapters.base import centred as is_centred
+from ..distributed import local_param, onloaded
 
 Run = Callable[[str, Tensor], Tensor]
 

@@ -8,8 +8,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .hook_points import HookPoint
-from .names import tl4_spelling
+from ..checks import describe
+from ..hooks.names import tl4_spelling
+from ..hooks.points import HookPoint
 
 
 class CachingDict(dict):
@@ -114,3 +115,20 @@ def next_token_losses(
     """Cross-entropy of predicting each token (or HF ``labels``) from the one before it; 0 where either is padding
     or the label is -100."""
     return _next_token_nll(logits, targets, mask)[0]
+
+
+def backpropagate(target: Any) -> None:
+    """Backpropagate ``run_with_cache(..., incl_bwd=True)``'s scalar (``metric(logits)`` or the loss), refusing what
+    cannot be: a non-scalar, or a value with no graph (a metric that ignores the logits, a frozen model)."""
+    if not isinstance(target, Tensor) or target.numel() != 1:
+        raise ValueError(
+            f"`metric` must return a scalar tensor to backpropagate, got {describe(target)}"
+            + (f" of shape {tuple(target.shape)}" if isinstance(target, Tensor) else "")
+            + "; reduce it, e.g. with .sum() or .mean()."
+        )
+    if not target.requires_grad:
+        raise ValueError(
+            "The value to backpropagate has no grad_fn: `metric` does not use the logits, or no "
+            "parameter requires grad (a frozen model); use the logits, or unfreeze the parameters."
+        )
+    target.reshape(()).backward()

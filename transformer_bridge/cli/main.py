@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .bridge import TransformerBridge
-from .cli_options import add_generate_flags, given
-from .real_model import smollm2_path
+from ..bridge import TransformerBridge
+from ..real_model import smollm2_path
+from .options import add_generate_flags, given
 from .repl import run_repl
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

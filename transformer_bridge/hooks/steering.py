@@ -32,7 +32,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .hook_points import HookPoint, HookRegistry
+from .points import HookPoint, HookRegistry
 
 _HEAD_AXIS_2 = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_result", "hook_rot_q", "hook_rot_k")
 _HEAD_AXIS_1 = ("hook_pattern", "hook_attn_scores")

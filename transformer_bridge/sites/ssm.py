@@ -14,15 +14,18 @@ the mixer (``d_inner`` = the mixer's width, ``cfg.d_mlp``; ``d_state`` = the SSM
 
 Every point is the input or output of an HF module called at prefill and at each decode step alike, so
 edits propagate into the recurrent state the same way in both. Mamba 2 and Falcon-Mamba blocks have the
-points of their mixer kind (`transformer_bridge.mixers`).
+points of their mixer kind (`transformer_bridge.sites.mixers`).
 """
 
 from torch import nn
 
-from .adapters import Adapter
-from .hook_points import HookPoint, HookRegistry
+from ..adapters import Adapter
+from ..hooks.points import HookPoint, HookRegistry
+from .base import Site, identity
+from .build import SiteMap
 from .mixers import mixer_sites
-from .sites import Site, SiteMap, get_module, identity, norm
+from .module_paths import get_module
+from .norms import norm
 
 
 def build_ssm_sites(registry: HookRegistry, model: nn.Module, adapter: Adapter) -> SiteMap:

@@ -15,10 +15,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from .cli_options import BY_FLAG, parse_setting
-from .core import BridgeCore
-from .generation import generate, generate_stream
-from .generation.declare import not_streamed
+from ..core import BridgeCore
+from ..generation import generate, generate_stream
+from ..generation.declare import not_streamed
+from .options import BY_FLAG, parse_setting
 
 HELP = (":set NAME VALUE  set an option (e.g. `:set temperature 0.7`, `:set suppress_tokens 3 4`)\n"
         ":unset NAME      back to the default\n:options         the options set now\n"

@@ -10,7 +10,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from .checks import check_device
+from ..checks import check_device
 
 
 class CacheFileError(ValueError):

@@ -6,18 +6,17 @@ computes it (a *site*), and that torch hook exists only while some point it serv
 registered. With nothing registered the HF model runs its own code, untouched.
 """
 
-import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any, Literal
 
-import torch
 from torch import Tensor
 
+from .apply import apply_backward, apply_forward
+from .checks import HookDirectionError, check_direction, check_hook_fn
 from .context import HookContext, PointContext
-from .hook_checks import HookDirectionError, _saved_for_backward, check_direction, check_hook_fn, check_replacement
-from .hook_entries import Direction, HookEntry, HookFn, HookHandle, by_direction, check_level, layer_of
+from .entries import Direction, HookEntry, HookFn, HookHandle, by_direction, check_level, layer_of
 from .names import HookNames, LayerOutOfRangeError, NameFilter, NotCachedError, UnknownHookError
 
 NameOrFilter = NameFilter
@@ -199,56 +198,10 @@ class HookPoint:
         return self._apply(tensor)
 
     def _apply(self, tensor: Tensor) -> Tensor:
-        start = self._owner.start_layer
-        if start is not None and self.layer_index < start:
-            return tensor  # a layer before `start_at_layer`: it runs on a placeholder input
-        conversion = self.hook_conversion
-        for entry in list(self.fwd_hooks):
-            if entry.read_only:
-                entry(tensor if conversion is None else conversion.convert(tensor))
-                continue
-            shown = tensor
-            if tensor.requires_grad and torch.is_grad_enabled() and _saved_for_backward(tensor):
-                # Its producer kept it for the backward pass (softmax, sqrt, relu...): an in-place
-                # edit would break the gradient, so the hook edits a copy that is written back.
-                shown = tensor.clone()
-            inference = not torch.compiler.is_compiling() and shown.is_inference()
-            # Inference tensors have no version counter: compare with a snapshot instead.
-            before = shown.clone() if inference else shown._version
-            seen = shown if conversion is None else conversion.convert(shown)
-            out = entry(seen)
-            if out is None or (out is seen and conversion is None):
-                changed = not torch.equal(before, shown) if inference else shown._version != before
-                # A copy the hook asked to keep the gradient of (``x.retain_grad()``) must be on the path.
-                changed = changed or (shown is not tensor and shown.retains_grad)
-                if changed:  # a new object tells the site to write the edit back
-                    tensor = shown if shown is not tensor else shown.view_as(shown)
-                continue
-            if conversion is not None:
-                out = conversion.revert(out)
-            check_replacement(out, shown, entry.fn, self.name)
-            tensor = out
-        if self.bwd_hooks and tensor.requires_grad:
-            # A fresh alias gives the gradient a node of its own, even when the site splits a tensor.
-            tensor = tensor.view_as(tensor)
-            # The functions registered now run on this forward's gradient, even when the backward comes after they
-            # are removed (`run_with_hooks(bwd_hooks=...)` then `.backward()`, as in TransformerLens 4).
-            tensor.register_hook(functools.partial(self._run_bwd, list(self.bwd_hooks)))
-        return tensor
+        return apply_forward(self, tensor)
 
     def _run_bwd(self, entries: list[HookEntry], grad: Tensor) -> Tensor | None:
-        conversion = self.hook_conversion
-        for entry in entries:
-            seen = grad if conversion is None else conversion.convert(grad)
-            out = entry(seen)
-            if isinstance(out, tuple) and len(out) == 1:  # TransformerLens' torch-style ``(grad,)``
-                out = out[0]
-            if out is not None and conversion is not None:
-                out = conversion.revert(out)
-            if out is not None and out is not grad:
-                check_replacement(out, grad, entry.fn, f"{self.name} (backward)")
-                grad = out
-        return grad
+        return apply_backward(self, entries, grad)
 
 
 class HookRegistry:

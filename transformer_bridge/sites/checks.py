@@ -1,10 +1,10 @@
 """The check that every hooked site ran, around each forward (compiled code does not see torch hooks added after
 it was traced): `arm_sites` before, `check_sites` after (`StaleCompiledHooksError` when a hooked site was silent),
-`disarm_sites` to restore the flags of an enclosing forward. Split from `transformer_bridge.sites`."""
+`disarm_sites` to restore the flags of an enclosing forward. Split from `transformer_bridge.sites.build`."""
 
 import torch
 
-from .hook_points import HookPoint
+from ..hooks.points import HookPoint
 
 
 @torch.compiler.disable

@@ -23,9 +23,9 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .hook_points import HookPoint
+from ..hooks.points import HookPoint
+from ..versions import eager_attention
 from .torch_hook import TorchHook
-from .versions import eager_attention
 
 SUPPORTED_ORIGINALS = ("sdpa", "eager")
 PREFIX = "bridge_"

@@ -2,7 +2,7 @@
 `HookHandle` a registration returns, and the view a function registered under alias names is called with.
 
 An entry knows its point only as an object with ``name``, ``fwd_hooks``, ``bwd_hooks`` and ``_owner`` (the
-registry that removes entries), so this module sits below `hook_points`.
+registry that removes entries), so this module sits below `points`.
 """
 
 import functools
@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from torch import Tensor
 
-from .hook_checks import check_direction
+from .checks import check_direction
 
 Direction = Literal["fwd", "bwd"]
 HookFn = Callable[[Tensor, Any], Tensor | None]

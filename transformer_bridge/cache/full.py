@@ -1,6 +1,6 @@
 """The rest of `ActivationCache`'s TransformerLens analysis: the biases before a layer, the full residual
 decomposition (every head, neuron, embedding, bias and edit), and the batch axis (its size, slicing, removal).
-Functions of a cache whose model is a bridge, exposed as cache methods; the residual stacks are in `cache_tl`.
+Functions of a cache whose model is a bridge, exposed as cache methods; the residual stacks are in `analysis`, head and neuron results in `heads`.
 """
 
 from collections import Counter
@@ -10,8 +10,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .cache_tl import Cache, acts_of, labels_of, mlp_reads_attn, model_of, project, resolve_layer
-from .checks import ArgumentValueError, check_int
+from ..checks import ArgumentValueError, check_int
+from .analysis import Cache, acts_of, labels_of, mlp_reads_attn, model_of, project, resolve_layer
 from .decompose import Group, component_groups, o_weight, stack_groups, sublayer_bias
 
 

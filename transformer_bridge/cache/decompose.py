@@ -28,9 +28,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from .adapters.base import centred, one_plus
-from .distributed import full_param
-from .sites import get_module
+from ..adapters.base import centred, one_plus
+from ..distributed import full_param
+from ..sites.module_paths import get_module
 
 Sublayer = Literal["attn", "mlp"]
 Kind = Literal[

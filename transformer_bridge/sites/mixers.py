@@ -39,7 +39,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from .adapters.base import SSM, Adapter
+from ..adapters.base import SSM, Adapter
 
 Run = Callable[[str, Tensor], Tensor]
 
@@ -47,7 +47,7 @@ Run = Callable[[str, Tensor], Tensor]
 @dataclass(frozen=True)
 class MixerSite:
     """One module boundary of a mixer and the points it serves (``mixer.hook_<key>`` for each of ``keys``, in
-    canonical order); ``process(run, x, inp)`` as for `transformer_bridge.sites.Site`."""
+    canonical order); ``process(run, x, inp)`` as for `transformer_bridge.sites.build.Site`."""
 
     module: nn.Module
     kind: Literal["pre", "post"]

@@ -46,8 +46,8 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from .adapters.base import MoE, Routing
-from .hook_points import HookPoint, HookRegistry
+from ..adapters.base import MoE, Routing
+from ..hooks.points import HookPoint, HookRegistry
 from .torch_hook import TorchHook
 
 Run = Callable[[str, Tensor], Tensor]

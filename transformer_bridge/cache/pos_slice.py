@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .utils import Slice
+from ..utils import Slice
 
 PosSlice = int | slice | Sequence[int] | Tensor
 

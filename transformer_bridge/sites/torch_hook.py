@@ -4,7 +4,7 @@ has a function (so an unhooked model runs HF's own code)."""
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .hook_points import HookPoint
+from ..hooks.points import HookPoint
 
 
 class TorchHook:

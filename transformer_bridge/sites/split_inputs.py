@@ -32,8 +32,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from .distributed import local_param, onloaded, tp_mesh
-from .hook_points import HookPoint
+from ..distributed import local_param, onloaded, tp_mesh
+from ..hooks.points import HookPoint
 from .mixers import holds
 from .module_paths import get_module, optional_module
 from .moe import is_moe_block

@@ -13,8 +13,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from .checks import did_you_mean
-from .generation.declare import OPTIONS, Option
+from ..checks import did_you_mean
+from ..generation.declare import OPTIONS, Option
 
 CLI_OPTIONS: tuple[Option, ...] = tuple(o for o in OPTIONS if o.cli is not None)
 BY_FLAG: dict[str, Option] = {o.name: o for o in CLI_OPTIONS}
