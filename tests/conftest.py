@@ -118,7 +118,7 @@ CONFIGS = {
                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
 }  # fmt: skip
 # Mixture-of-experts families of #12: 4 experts, top-2, the eager experts loop (the default kernel,
-# grouped_mm, needs 16-byte rows: tests/test_moe.py runs it at width 36). Qwen2-MoE: a shared expert (width
+# grouped_mm, needs 16-byte rows: tests/sites/test_moe.py runs it at width 36). Qwen2-MoE: a shared expert (width
 # 41) and top-k weights not renormalised.
 _E = dict(num_experts=4, num_experts_per_tok=2, experts_implementation="eager")
 _GLM4_MOE = dict(n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=M,
@@ -152,7 +152,7 @@ MOE_CONFIGS = {
     "glm4_moe": lambda: _auto("glm4_moe", **_GLM4_MOE),
 }  # fmt: skip
 CONFIGS.update(MOE_CONFIGS)
-# State-space families: not in FAMILIES (those tests are about attention and MLPs); tests/test_ssm.py.
+# State-space families: not in FAMILIES (those tests are about attention and MLPs); tests/sites/test_ssm.py.
 SSM_CONFIGS = {
     "mamba": lambda: AutoConfig.for_model(
         "mamba", **_COMMON, hidden_size=D, state_size=8, num_hidden_layers=L, expand=2, conv_kernel=4, time_step_rank=2
@@ -163,7 +163,7 @@ SSM_CONFIGS = {
     "mamba2": lambda: AutoConfig.for_model("mamba2", **_COMMON, hidden_size=D, num_heads=4, head_dim=16, state_size=8,
                                            n_groups=1, num_hidden_layers=L, expand=2, conv_kernel=4, chunk_size=4),
 }  # fmt: skip
-# Hybrids (attention layers and state-space / convolution layers): tests/test_mixer_families.py. Layer 0 is the
+# Hybrids (attention layers and state-space / convolution layers): tests/sites/test_mixer_families.py. Layer 0 is the
 # mixer, layer 1 attention; Nemotron-H has one block of each of its four kinds.
 _MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2,
                mamba_chunk_size=4)  # fmt: skip
@@ -183,7 +183,8 @@ HYBRID_CONFIGS = {
                                 moe_intermediate_size=M, moe_shared_expert_intermediate_size=41,
                                 experts_implementation="eager"),
 }  # fmt: skip
-# Model types transformers builds with the class of a family above (tests/test_aliases.py): type -> (twin, config).
+# Model types transformers builds with the class of a family above (tests/adapters/test_aliases.py): type ->
+# (twin, config).
 ALIAS_CONFIGS = {
     "exaone": ("llama", lambda: _auto("exaone", head_dim=8)),
     "internlm3": ("llama", lambda: _auto("internlm3", head_dim=8)),

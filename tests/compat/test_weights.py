@@ -120,7 +120,7 @@ MLA_ABSENT = ("W_Q", "W_K", "W_V", "_W_K", "_W_V", "b_Q", "b_K", "b_V", "_b_K", 
 
 
 def is_moe(model, layer: int) -> bool:
-    """A mixture-of-experts block: no dense MLP points and no single W_in / W_out (tests/test_moe.py)."""
+    """A mixture-of-experts block: no dense MLP points and no single W_in / W_out (tests/sites/test_moe.py)."""
     return f"blocks.{layer}.mlp.hook_post" not in model.hook_dict
 
 

@@ -4,7 +4,7 @@ methods against autograd on HF's model, and clear errors where a method has no m
 import pytest
 import torch
 from _models import random_tokens, tiny_run
-from test_ssm import make_mamba
+from sites.test_ssm import make_mamba  # tests/ is on the path (conftest.py); tests/sites is a namespace package
 
 from transformer_bridge.relevance import relevance_hooks
 

@@ -1,6 +1,7 @@
 """The rest of `ActivationCache`'s TransformerLens analysis: the biases before a layer, the full residual
 decomposition (every head, neuron, embedding, bias and edit), and the batch axis (its size, slicing, removal).
-Functions of a cache whose model is a bridge, exposed as cache methods; the residual stacks are in `analysis`, head and neuron results in `heads`.
+Functions of a cache whose model is a bridge, exposed as cache methods; the residual stacks are in `analysis`,
+head and neuron results in `heads`.
 """
 
 from collections import Counter

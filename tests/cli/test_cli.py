@@ -67,7 +67,7 @@ def test_prepare_smollm2_prints_the_converted_folder(capsys):
 
 
 # -- generate: every option a flag, the interactive loop, the saved cache ----------------------------------------
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -20,7 +20,7 @@ from transformer_bridge import SUPPORTED_MODEL_TYPES, TransformerBridge
 TOKENS = torch.randint(4, V, (2, 8), generator=torch.Generator().manual_seed(11))
 MASK = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]])
 POSITIONS = (MASK.cumsum(-1) - 1).clamp_min(0)
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "families.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "families.md"
 
 
 def _bridge(family: str, **config_overrides) -> TransformerBridge:
@@ -161,7 +161,7 @@ def test_every_family_is_supported_and_documented(family):
 def test_every_supported_model_type_has_a_tiny_config():
     tested = {CONFIGS[f]().model_type for f in FAMILIES}
     tested |= {c().model_type for c in [*SSM_CONFIGS.values(), *HYBRID_CONFIGS.values()]}
-    tested |= set(ALIAS_CONFIGS)  # tests/test_aliases.py
+    tested |= set(ALIAS_CONFIGS)  # tests/adapters/test_aliases.py
     assert set(SUPPORTED_MODEL_TYPES) <= tested, set(SUPPORTED_MODEL_TYPES) - tested
 
 

@@ -7,7 +7,7 @@ equal returned ones on every point, greedy ``generate`` equal HF's (alone and le
 generation equal HF's generate under the same torch hook, beam search equal HF's, ``return_cache`` equal
 ``run_with_cache``, clear refusals (controllers, static cache / compile, speculative decoding), and the relevance
 methods that apply.
-Mamba itself: tests/test_ssm.py.
+Mamba itself: tests/sites/test_ssm.py.
 """
 
 import pytest

@@ -73,7 +73,7 @@ def test_zero_head_in_hook_z_equals_zeroing_o_proj_input(model):
 def test_qkv_edit_equals_editing_projection_output(model, which):
     a = model.adapter
     if a.mla:
-        pytest.skip("multi-head latent attention has no k / v projections: tests/test_moe.py")
+        pytest.skip("multi-head latent attention has no k / v projections: tests/sites/test_moe.py")
     n = model.cfg.n_heads if which == "q" else model.cfg.n_kv_heads
     d = model.cfg.d_head
 
@@ -123,7 +123,7 @@ def test_residual_and_mlp_edits_equal_manual_module_hooks(model, name, path_attr
     if name == "mlp.hook_pre" and model.adapter.fused_gate_up:
         pytest.skip("fused gate/up: covered by test_gate_up_parts")
     if f"blocks.{LAYER}.{name}" not in model.hook_dict:
-        pytest.skip("a mixture-of-experts block has no dense MLP points: tests/test_moe.py")
+        pytest.skip("a mixture-of-experts block has no dense MLP points: tests/sites/test_moe.py")
     delta = torch.linspace(-1, 1, model.cfg.d_mlp if "mlp.hook" in name else model.cfg.d_model)
     path = _block(model, getattr(model.adapter, path_attr)) if path_attr else f"{model.adapter.blocks}.{LAYER}"
     expected = _manual(model, path, lambda x: x + delta, pre=pre)
@@ -132,7 +132,7 @@ def test_residual_and_mlp_edits_equal_manual_module_hooks(model, name, path_attr
 
 def test_gate_up_parts(model):
     if not model.cfg.gated_mlp or f"blocks.{LAYER}.mlp.hook_post" not in model.hook_dict:
-        pytest.skip("not a gated dense MLP (mixture-of-experts blocks: tests/test_moe.py)")
+        pytest.skip("not a gated dense MLP (mixture-of-experts blocks: tests/sites/test_moe.py)")
     zero = lambda x, hook: x * 0  # noqa: E731
     post_zero = _hooked(model, f"blocks.{LAYER}.mlp.hook_post", zero)
     # act(0) = 0 for SiLU/GELU, and gate * 0 = 0: both zero the MLP's hidden activation.
@@ -264,7 +264,7 @@ def test_pattern_edit_equals_z_from_values(model):
     if f"blocks.{LAYER}.attn.hook_pattern" not in model.hook_dict:
         pytest.skip("the HF module calls SDPA itself (Falcon): no pattern point")
     if model.adapter.mla:
-        pytest.skip("multi-head latent attention has no hook_v: tests/test_moe.py")
+        pytest.skip("multi-head latent attention has no hook_v: tests/sites/test_moe.py")
     _, cache = model.run_with_cache(TOKENS, names_filter=lambda n: n.startswith(f"blocks.{LAYER}.attn"))
     pos = TOKENS.shape[1]
     uniform = torch.tril(torch.ones(pos, pos)) / torch.arange(1, pos + 1)[:, None]
