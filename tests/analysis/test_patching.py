@@ -316,6 +316,18 @@ def test_errors_name_the_parameter_and_the_value(call, error, pattern):
         call(model, cache)
 
 
+@pytest.mark.parametrize(
+    ("corrupted", "shown"),
+    [(CORRUPTED[:, :4], r"\(1, 4\)"), (CORRUPTED.repeat(2, 1), r"\(2, 6\)")],
+)
+def test_clean_and_corrupted_of_different_shapes_are_refused_naming_both(corrupted, shown):
+    model = make_bridge("llama")
+    _, cache = model.run_with_cache(CLEAN)
+    for sweep in (patching.get_act_patch_resid_pre, patching.get_act_patch_attn_head_pattern_by_pos):
+        with pytest.raises(ValueError, match=rf"`corrupted_tokens`.*{shown}.*`clean_cache`.*\(1, 6\)"):
+            sweep(model, corrupted, cache, metric)
+
+
 def test_a_training_model_is_refused():
     model = make_bridge("llama")
     _, cache = model.run_with_cache(CLEAN)

@@ -136,7 +136,7 @@ def generic_activation_patch(
     batch, width = tokens.shape
     index, index_names, axis_names, cell_shape = _cells(model, activation_name, index_axis_names, index_df, width)
     points = {layer: model.names.key((activation_name, layer), "activation_name") for layer in index[:, 0].tolist()}
-    clean = {name: _clean(clean_cache, name) for name in dict.fromkeys(points.values())}
+    clean = {name: _clean(clean_cache, name, tokens.shape) for name in dict.fromkeys(points.values())}
     per_example = reduce != "scalar"
     store = torch.zeros((len(metrics), index.shape[0], *((batch,) if per_example else ())), device=model.device)
     evaluate = _evaluator(metrics, per_example, batch, reduce, store)
@@ -386,13 +386,25 @@ def _metrics(metric: Any) -> dict[str, MetricFn]:
     return metrics
 
 
-def _clean(cache: ActivationCache, name: str) -> Tensor:
+def _clean(cache: ActivationCache, name: str, corrupted: torch.Size) -> Tensor:
+    """The clean activation at ``name``, whose [batch, pos] must be the corrupted tokens' (else a patch would write
+    the clean run's position i into another prompt's position i, or broadcast one example over others)."""
     if name not in cache:
         raise KeyError(
             f"`clean_cache` lacks {name!r}, which this sweep patches in. Cache it on the clean run: "
             f"`model.run_with_cache(clean_tokens)` (names_filter=None) or a names_filter that includes it."
         )
-    return cache[name]
+    clean = cache[name]
+    pos_axis = 2 if name.endswith(("hook_pattern", "hook_attn_scores")) else 1  # [batch, head, query_pos, key_pos]
+    if clean.dim() > pos_axis and (clean.shape[0], clean.shape[pos_axis]) != tuple(corrupted):
+        raise ArgumentValueError(
+            f"`corrupted_tokens` has shape {tuple(corrupted)} [batch, pos] but `clean_cache` was made from tokens of "
+            f"shape {(clean.shape[0], clean.shape[pos_axis])} (`clean_cache[{name!r}]` is {tuple(clean.shape)}): a "
+            "patch copies the clean activation at each position into the same position of the corrupted run, so "
+            "both runs need the same batch and length. Tokenize clean and corrupted prompts that have the same "
+            "number of tokens (check with `model.to_str_tokens`), or pad them to one length together."
+        )
+    return clean
 
 
 def _cells(
