@@ -34,7 +34,7 @@ from jaxtyping import Int
 from torch import Tensor
 from transformers import GenerationConfig
 
-from ..checks import ArgumentTypeError, check_bool, check_device, check_int, describe, is_int
+from ..checks import ArgumentTypeError, ArgumentValueError, check_bool, check_device, check_int, describe, is_int
 from ..core import BridgeCore
 from ..inputs import hf_generate_mask, left_padding_mask
 from . import options
@@ -108,6 +108,7 @@ def prepare(model: BridgeCore, a: Mapping[str, Any]) -> Request:
         )
     for name in ("return_cache", "return_dict", "return_input_tokens"):
         check_bool(name, a[name])
+    _check_output_form(a)
     if a["prepend_bos"] is not None:
         check_bool("prepend_bos", a["prepend_bos"])
     return_cache = a["return_cache"]
@@ -443,7 +444,25 @@ def _lengths(settings: Settings, width: int, n_ctx: int | None, a: Mapping[str, 
             _warn_both("min_new_tokens", least, "min_length", least_total)
     elif least_total is not None:
         least = max(check_int("min_length", least_total, minimum=0) - width, 0)
+    if is_int(new) and is_int(least) and least > new:
+        raise ArgumentValueError(
+            f"`min_new_tokens`={least} is more than `max_new_tokens`={new} (counted as new tokens; HF's "
+            "`min_length` / `max_length` count the prompt too): EOS would be banned for longer than the generation "
+            "runs. Lower `min_new_tokens` or raise `max_new_tokens`."
+        )
     return new, least
+
+
+def _check_output_form(a: Mapping[str, Any]) -> None:
+    """``return_dict`` (or HF's ``return_dict_in_generate``) returns a `GenerationOutput`; a ``return_type``
+    other than ``"input"`` asks for a plain form at the same time."""
+    given = [name for name in ("return_dict", "return_dict_in_generate") if a[name] is True]
+    if given and a["return_type"] != "input":
+        raise ArgumentValueError(
+            f"`{given[0]}=True` returns a GenerationOutput (`.sequences` the token ids, `.text` the text of text "
+            f"input), and `return_type`={a['return_type']!r} asks for a plain {a['return_type']} output: pass one "
+            "of them."
+        )
 
 
 def _warn_both(new_name: str, new: Any, total_name: str, total: Any) -> None:
