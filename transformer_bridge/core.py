@@ -23,7 +23,7 @@ from .checks import ArgumentIndexError, check_device, describe
 from .config import BridgeConfig, bridge_config
 from .distributed import attach_shard_specs, check_tensor_parallel, full_param, input_device, tp_mesh
 from .hooks.points import HookContext, HookPoint, HookRegistry
-from .inputs import PaddingSide, check_attention_mask, left_padding_mask, mask_for_implementation
+from .inputs import PaddingSide, check_attention_mask, is_text, left_padding_mask, mask_for_implementation
 from .layers import StopForward, check_layer, start_at, stop_before
 from .loading import loader_config
 from .running import Input, NamesFilter, Running
@@ -242,7 +242,8 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
     ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
         """Normalise any accepted input to ``(tokens [batch, pos], attention_mask [batch, pos])``.
 
-        Text is tokenized and padded (left, or ``padding_side``). Token ids may come with a mask
+        Text is tokenized and padded as `to_tokens` pads it (``padding_side``, default
+        ``cfg.default_padding_side``: right, as in TransformerLens). Token ids may come with a mask
         (``attention_mask=`` or a ``(tokens, mask)`` pair); a given mask must be 0/1 (bool, integer, or float
         0.0/1.0) with at least one real token per row, and ``left_padded=True`` (generation) also requires
         each row's padding to come first. Without a mask every token is real, whatever its id, exactly as
@@ -255,10 +256,10 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         """
         if padding_side not in (None, "left", "right"):
             raise ValueError(f"`padding_side` must be None, 'left' or 'right', got {describe(padding_side)}.")
-        if isinstance(input, str) or (isinstance(input, (list, tuple)) and input and isinstance(input[0], str)):
+        if is_text(input):
             if attention_mask is not None:
                 raise ValueError("`attention_mask` is only accepted with token inputs; text is padded for you.")
-            return self.to_tokens_and_mask(input, prepend_bos=prepend_bos, padding_side=padding_side or "left")
+            return self.to_tokens_and_mask(input, prepend_bos=prepend_bos, padding_side=padding_side)
         if isinstance(input, tuple) and len(input) == 2 and all(isinstance(t, Tensor) for t in input):
             if attention_mask is not None:
                 raise ValueError("Give the mask once: a `(tokens, mask)` pair or `attention_mask=`, not both.")

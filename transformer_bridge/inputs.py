@@ -1,7 +1,8 @@
 """Token inputs: tokenizing text into padded batches, validating attention masks, masks from token values.
 
-Text the bridge pads itself is left-padded (each row's last token is in the last column, which
-generation needs); `to_tokens` pads on the side asked for (TransformerLens' default: right). Token ids
+Text is padded as `to_tokens` pads it: ``padding_side``, default ``cfg.default_padding_side`` (right, as in
+TransformerLens), for forward, run_with_hooks, run_with_cache and the loss; generation (and a KV-cached forward)
+left-pads, so that each row's last token is in the last column. Token ids
 given without a mask mean what they mean to HF's forward: every token is real, whatever its id (rows led
 by BOS, EOS or pad ids are ordinary data in packed and SAE datasets). A mask is read off token values only
 on request: `left_padding_mask` when the user says the ids are left-padded (TransformerLens'
@@ -182,6 +183,11 @@ def mask_for_implementation(mask: Tensor, implementation: str | None, dtype: tor
     if mask.dtype != torch.bool or implementation == "sdpa":
         return mask
     return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device), torch.finfo(dtype).min)
+
+
+def is_text(input: Any) -> bool:
+    """Whether ``input`` is text (a str or a non-empty list / tuple of str), which the bridge tokenizes and pads."""
+    return isinstance(input, str) or (isinstance(input, (list, tuple)) and bool(input) and isinstance(input[0], str))
 
 
 def is_embeds(input: Any) -> bool:

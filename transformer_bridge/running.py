@@ -24,7 +24,15 @@ from .distributed import input_device
 from .hooks.entries import batch_free
 from .hooks.names import NameFilter
 from .hooks.points import HookContext, NameOrFilter
-from .inputs import PaddingSide, check_attention_mask, embedding_points, embeds_stand_in, is_embeds, split_4d_mask
+from .inputs import (
+    PaddingSide,
+    check_attention_mask,
+    embedding_points,
+    embeds_stand_in,
+    is_embeds,
+    is_text,
+    split_4d_mask,
+)
 from .utils.lm import lm_cross_entropy_loss
 
 Input = str | Sequence[str] | Tensor
@@ -67,7 +75,9 @@ class Running:
         """Logits ``[batch, pos, d_vocab]``, TransformerLens' ``forward`` with HF's keywords too.
 
         ``input``: text (BOS per ``prepend_bos``, default ``cfg.default_prepend_bos``), a list of texts
-        (left-padded, or ``padding_side``), token ids (``input_ids=`` too, HF style, with
+        (padded as `to_tokens` pads it: ``padding_side``, default ``cfg.default_padding_side``, right as in
+        TransformerLens, with the attention mask; each row's real positions as if run alone), token ids
+        (``input_ids=`` too, HF style, with
         ``attention_mask``; ``**tokenizer(texts, return_tensors="pt", padding=True)`` works), or,
         with ``start_at_layer=K``, the residual stream ``[batch, pos, d_model]`` entering block ``K``
         (``tokens`` / ``attention_mask`` then give padding and the loss). ``return_type``: ``"logits"``,
@@ -162,11 +172,8 @@ class Running:
                 f"got {describe(labels)}."
             )
         if position_ids is not None:
-            if (
-                not isinstance(position_ids, Tensor)
-                or position_ids.shape != tokens.shape
-                or position_ids.is_floating_point()
-            ):
+            if (not isinstance(position_ids, Tensor) or position_ids.shape != tokens.shape
+                    or position_ids.is_floating_point()):  # fmt: skip
                 raise ValueError(
                     f"`position_ids` must be an integer tensor of the tokens' shape {tuple(tokens.shape)}, got "
                     f"{describe(position_ids)}."
@@ -229,7 +236,7 @@ class Running:
             return (*self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side), None)
         if self.adapter.has_mixers:
             raise ValueError("A 4-D `attention_mask` shapes attention; state-space layers here take a 2-D mask.")
-        if isinstance(input, str) or (isinstance(input, (list, tuple)) and input and isinstance(input[0], str)):
+        if is_text(input):
             raise ValueError("A 4-D `attention_mask` goes with token ids, not text (text is padded for you).")
         tokens, _ = self.prepare_input(input, None, prepend_bos, padding_side="right")  # ids as given
         mask, mask_4d = split_4d_mask(attention_mask.to(tokens.device), tokens.shape)
@@ -251,8 +258,9 @@ class Running:
                 f"`past_key_values` must be the HF cache a 'logits_and_cache' forward returned, got {describe(past)}."
             )
         n_past = 0 if past is None else past.get_seq_length()
-        if n_past == 0:
-            tokens, mask = self.prepare_input(input, attention_mask, prepend_bos)
+        if n_past == 0:  # text left-padded, as generate pads it: the next step's tokens follow every row's last one
+            side = "left" if is_text(input) else None
+            tokens, mask = self.prepare_input(input, attention_mask, prepend_bos, padding_side=side)
             past = DynamicCache(config=self.hf_model.config) if past is None else past
         else:
             if not isinstance(input, Tensor) or input.dim() != 2 or input.is_floating_point():
@@ -344,6 +352,7 @@ class Running:
         start_at_layer: int | None = None,
         tokens: Int[Tensor, "batch pos"] | None = None,
         reset_hooks_end: bool = True,
+        padding_side: PaddingSide | None = None,
     ) -> tuple[Any, ActivationCache | dict[str, Tensor]]:
         """Forward and cache activations: ``(logits, ActivationCache)``, TransformerLens' keywords included.
 
@@ -361,7 +370,8 @@ class Running:
         (``(logits, loss)``) or ``None``. ``return_cache_object=False`` returns the cache as a plain
         ``{name: tensor}`` dict; ``clear_contexts=True`` empties the ``hook.ctx`` of every point cached, afterwards.
         ``reset_hooks_end=False`` (TransformerLens) leaves the caching hooks on until `reset_hooks`: each later
-        forward overwrites the returned cache's entries (its ``attention_mask`` stays this call's).
+        forward overwrites the returned cache's entries (its ``attention_mask`` stays this call's). Text is padded
+        as `to_tokens` pads it (``padding_side``, default ``cfg.default_padding_side``: right).
 
         Example:
             >>> logits, cache = model.run_with_cache("Hello world", names_filter=lambda n: "resid" in n)
@@ -400,18 +410,18 @@ class Running:
             return out, (cache if return_cache_object else cache.cache_dict)
         out, cache = self._cached_run(input, names_filter, device, remove_batch_dim, incl_bwd, pos_slice,
                                       attention_mask, metric, prepend_bos, stop_at_layer,
-                                      reset_hooks_end=reset_hooks_end)  # fmt: skip
+                                      reset_hooks_end=reset_hooks_end, padding_side=padding_side)  # fmt: skip
         if clear_contexts:
             for name in self.names_matching(names_filter):
                 self.hook_dict[name].clear_context()
         if stop_at_layer is None:
-            out = self._shape_output(out, input, return_type, loss_per_token, attention_mask, prepend_bos)
+            out = self._shape_output(out, input, return_type, loss_per_token, attention_mask, prepend_bos, padding_side)
         return out, (cache if return_cache_object else cache.cache_dict)
 
     def _cached_run(
         self, input: Input, names_filter: NamesFilter, device: Any, remove_batch_dim: bool, incl_bwd: bool,
         pos_slice: Any, attention_mask: Tensor | None, metric: Callable | None, prepend_bos: bool | None,
-        stop_at_layer: int | None, *, reset_hooks_end: bool = True,
+        stop_at_layer: int | None, *, reset_hooks_end: bool = True, padding_side: PaddingSide | None = None,
     ) -> tuple[Tensor, ActivationCache]:  # fmt: skip
         """`run_with_cache`'s logits (or residual stream) and cache, before TransformerLens' output shaping."""
         device = check_device(device)
@@ -422,7 +432,7 @@ class Running:
         if metric is not None and not callable(metric):
             raise TypeError(f"`metric` must be callable as metric(logits) -> scalar tensor, got {describe(metric)}.")
         names = self.names_matching(names_filter)
-        tokens, mask, mask_4d = self._tokens_and_masks(input, attention_mask, prepend_bos)
+        tokens, mask, mask_4d = self._tokens_and_masks(input, attention_mask, prepend_bos, padding_side)
         if pos_slice is not None:
             pos_slice = check_pos_slice(pos_slice, tokens.shape[1])
         if remove_batch_dim and tokens.shape[0] != 1:
@@ -477,13 +487,13 @@ class Running:
 
     def _shape_output(
         self, logits: Tensor, input: Any, return_type: ReturnType, loss_per_token: bool,
-        attention_mask: Tensor | None, prepend_bos: bool | None,
+        attention_mask: Tensor | None, prepend_bos: bool | None, padding_side: PaddingSide | None = None,
     ) -> Any:  # fmt: skip
         if return_type == "logits":
             return logits
         if return_type is None:
             return None
-        tokens, mask, _ = self._tokens_and_masks(input, attention_mask, prepend_bos)
+        tokens, mask, _ = self._tokens_and_masks(input, attention_mask, prepend_bos, padding_side)
         loss_fn: Callable[..., Tensor] = next_token_losses if loss_per_token else next_token_loss
         loss = loss_fn(logits, tokens.to(logits.device), mask.to(logits.device))
         return loss if return_type == "loss" else (logits, loss)

@@ -13,7 +13,7 @@ from transformer_bridge import ActivationCache, TransformerBridge
 from transformer_bridge.compat import DirectLogitAttribution, direct_logit_attribution
 from transformer_bridge.sites.module_paths import get_module
 
-PROMPTS = ["Hello world, this is", "A test"]  # a left-padded batch of two
+PROMPTS = ["Hello world, this is", "A test"]  # a batch of two, which the tool left-pads
 UNITS = ["component", "head", "layer"]
 TOL = dict(atol=2e-5, rtol=1e-5)
 
@@ -62,7 +62,7 @@ def logit_minus_bias(model, logits, ids):
 def test_parts_sum_to_the_logit_minus_the_bias(base, unit, weights):
     model = base if weights == "unprocessed" else processed(base)
     with torch.no_grad():
-        logits = model(PROMPTS)
+        logits = model(PROMPTS, padding_side="left")
         single = direct_logit_attribution(model, PROMPTS, answer_tokens=5, unit=unit)
         diff = direct_logit_attribution(model, PROMPTS, answer_tokens=5, incorrect_tokens=40, unit=unit)
         expected = logit_minus_bias(model, logits, 5)
@@ -97,7 +97,7 @@ def test_labels(gpt2):
 def test_head_rows_are_each_heads_output_read_along_the_answer(gpt2):
     """Manual oracle from HF's GPT-2 modules: ``z_h @ c_proj.weight[h rows]``, centred, divided by the cached final
     scale, dotted with ``ln_f.weight * lm_head.weight[answer]``."""
-    _, cache = gpt2.run_with_cache(PROMPTS)
+    _, cache = gpt2.run_with_cache(PROMPTS, padding_side="left")
     result = direct_logit_attribution(gpt2, answer_tokens=7, cache=cache, unit="head")
     hf, d_head = gpt2.hf_model, gpt2.cfg.d_head
     direction = hf.transformer.ln_f.weight * hf.lm_head.weight[7]
@@ -112,7 +112,7 @@ def test_head_rows_are_each_heads_output_read_along_the_answer(gpt2):
 
 
 def test_a_supplied_cache_is_read_without_a_forward(gpt2):
-    _, cache = gpt2.run_with_cache(PROMPTS)
+    _, cache = gpt2.run_with_cache(PROMPTS, padding_side="left")
     calls = []
     handle = gpt2.hf_model.register_forward_hook(lambda *args: calls.append(1))
     try:
@@ -164,7 +164,7 @@ def test_top_and_result(gpt2):
 def test_a_steering_edit_is_a_component_and_a_final_edit_is_refused(gpt2):
     vector = torch.randn(gpt2.cfg.d_model, generator=torch.Generator().manual_seed(0))
     with gpt2.hooks(fwd_hooks=[("blocks.0.hook_resid_post", lambda x, hook: x + vector)]):
-        logits = gpt2(PROMPTS)
+        logits = gpt2(PROMPTS, padding_side="left")
         result = direct_logit_attribution(gpt2, PROMPTS, answer_tokens=5)
     assert "edit:blocks.0.hook_resid_post" in result.labels
     torch.testing.assert_close(total(result), logits[:, -1, 5] - gpt2.b_U[5].detach(), atol=5e-5, rtol=1e-4)

@@ -97,7 +97,8 @@ def direct_logit_attribution(
     ``{L}_pre``, ``{L}_mid``, ..., ``final_post``: cumulative, so the last row is the whole logit).
     ``answer_tokens`` / ``incorrect_tokens``: a one-token string or an id (every row), a sequence of them or a
     ``[batch]`` tensor (one per row), or ``[batch, pos]`` ids for the selected positions. ``pos``: the positions
-    (default the last; a batch of strings is left-padded, so that is every row's last token), None keeps them
+    (default the last; a batch of strings is left-padded here, unlike `to_tokens`, so that is every row's last
+    token), None keeps them
     all. ``cache``: a cache of this model to read (``input`` is then not run). Components and heads sum to
     ``logit - model.b_U[token]`` (see the module docstring); no `enable_compatibility_mode()` is needed.
 
@@ -128,7 +129,8 @@ def direct_logit_attribution(
                 "direct_logit_attribution() runs the model, which is in training mode (dropout would make the "
                 "numbers random); call model.eval() first, or pass a `cache`."
             )
-        logits, cache = model.run_with_cache(input, names_filter=lambda name: _read(name, unit))
+        # Text left-padded, so that the default ``pos=-1`` is every row's last token.
+        logits, cache = model.run_with_cache(input, names_filter=lambda name: _read(name, unit), padding_side="left")
     cache = _own_cache(model, cache)
     n_pos = cache["blocks.0.hook_resid_pre"].shape[-2]
     if pos is not None:

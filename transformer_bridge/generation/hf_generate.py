@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..checks import check_bool, describe
 from ..core import BridgeCore
+from ..inputs import is_text
 
 
 @torch.no_grad()
@@ -44,7 +45,7 @@ def hf_generate(
     Example:
         >>> model.hf_generate("The capital of France is", max_new_tokens=8, do_sample=False)
     """
-    text = isinstance(input, str) or (isinstance(input, list) and bool(input) and isinstance(input[0], str))
+    text = is_text(input)
     for name, value in (
         ("stop_at_eos", stop_at_eos),
         ("do_sample", do_sample),
@@ -56,7 +57,8 @@ def hf_generate(
     if return_type not in ("input", "str", "tokens", None):
         raise ValueError(f"`return_type` must be 'input', 'str', 'tokens' or None, got {describe(return_type)}.")
     tokens, mask = model.prepare_input(input, generation_kwargs.pop("attention_mask", None),
-                                       generation_kwargs.pop("prepend_bos", None))  # fmt: skip
+                                       generation_kwargs.pop("prepend_bos", None),
+                                       padding_side="left" if text else None)  # fmt: skip
     options: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "use_cache": use_past_kv_cache}
     if do_sample:  # TransformerLens passes the temperature, and top-k / top-p only when given
         options["temperature"] = temperature

@@ -273,7 +273,7 @@ def _prompt(
             attention_mask = _tl_left_padding(model, source, prepend_bos)
         else:  # HF generate's rule for bare ids
             attention_mask = hf_generate_mask(source, *_hf_pad_and_eos(settings, pad_token_id, eos_token_id))
-    tokens, mask = model.prepare_input(source, attention_mask, prepend_bos)
+    tokens, mask = model.prepare_input(source, attention_mask, prepend_bos, padding_side="left" if text else None)
     if token_type_ids is not None:
         _check_token_type_ids(token_type_ids, tokens.shape)
     if not text:

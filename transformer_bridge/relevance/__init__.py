@@ -23,6 +23,7 @@ from ..cache.activation_cache import ActivationCache
 from ..checks import ArgumentTypeError, describe
 from ..core import BridgeCore, NamesFilter
 from ..generation import generate
+from ..inputs import is_text
 from .cache_access import MissingHookError
 from .methods import METHODS, explain, get_method, method_options, relevance_hooks
 from .patching import attribution_patching
@@ -57,7 +58,7 @@ def forward_pass(
             f"`forward_pass` always generates with `return_cache=True` and `return_dict=True`; got "
             f"{', '.join(fixed)}. Drop it, or call `model.generate` for other returns."
         )
-    tokens, mask = model.prepare_input(input, attention_mask)
+    tokens, mask = model.prepare_input(input, attention_mask, padding_side="left" if is_text(input) else None)
     output, cache = generate(
         model,
         tokens,
