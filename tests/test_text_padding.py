@@ -56,7 +56,7 @@ def test_run_with_cache_and_run_with_hooks_pad_as_to_tokens(model):
 
 
 def test_padding_side_overrides_per_call(model):
-    tokens, mask = model.to_tokens_and_mask(TEXTS, padding_side="left")
+    _, mask = model.to_tokens_and_mask(TEXTS, padding_side="left")
     _, cache = model.run_with_cache(TEXTS, names_filter="blocks.0.hook_resid_post", padding_side="left")
     assert torch.equal(cache.attention_mask.cpu(), mask.cpu())
     with torch.no_grad():
