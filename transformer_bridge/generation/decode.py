@@ -32,6 +32,7 @@ from transformers import DynamicCache
 from ..cache.activation_cache import ActivationCache
 from ..core import BridgeCore
 from ..hooks.points import HookContext
+from ..hooks.recorded import active_forward_hooks
 from . import fast
 from .kv import make_kv, run_chunk
 from .options import Plan
@@ -216,13 +217,18 @@ def recompute_cache(
     ``run_with_cache(out.sequences, attention_mask=out.attention_mask)`` bitwise; only ``hook.ctx``
     differs (``phase="recompute"``, ``is_generated`` marks generated tokens). Only the last position
     is unembedded: the logits are not returned, and every hook point comes before the unembedding.
+    ``cache.generation_hooks`` records the forward hooks it ran under (the caching ones excepted), so that
+    relevance methods that recompute a forward explain this run (`hooks.recorded.only`).
     """
+    recorded = active_forward_hooks(model)
     tokens, mask = out.sequences, out.attention_mask
     ctx = HookContext.from_mask(mask, "recompute", 0, out.prompt_lengths)
     _, tensors = model.cache_forward(tokens, mask, names, device, ctx=ctx, logits_to_keep=1)
     target = device or mask.device
     lengths = out.prompt_lengths.to(target)
-    return ActivationCache(tensors, model, attention_mask=mask.to(target), prompt_lengths=lengths)
+    cache = ActivationCache(tensors, model, attention_mask=mask.to(target), prompt_lengths=lengths)
+    cache.generation_hooks = recorded
+    return cache
 
 
 def _last_logits(

@@ -93,7 +93,7 @@ def relevance(
         >>> rel = model.relevance((text, cache), method="dla", token_indices=[0])
     """
     run = _relevance_run(model, cache_or_run, tokens)
-    return run.relevance_pass(token_indices, method=method, target=target, **method_kwargs)
+    return run._explain(token_indices, method, target, method_kwargs, stacklevel=3)
 
 
 def _relevance_run(model: BridgeCore, cache_or_run: Any, tokens: Tensor | None) -> RelevanceRun:
@@ -122,7 +122,9 @@ def _relevance_run(model: BridgeCore, cache_or_run: Any, tokens: Tensor | None) 
     if not isinstance(tokens, Tensor):
         raise ArgumentTypeError(f"`tokens` must be the generated token ids [batch, pos], got {describe(tokens)}.")
     tokens = tokens[None] if tokens.dim() == 1 else tokens
-    return RelevanceRun(model, tokens, cache_or_run.attention_mask, prompt_width(cache_or_run, tokens), cache_or_run)
+    width = prompt_width(cache_or_run, tokens)
+    hooks = getattr(cache_or_run, "generation_hooks", None)
+    return RelevanceRun(model, tokens, cache_or_run.attention_mask, width, cache_or_run, hooks=hooks)
 
 
 def _run_from_generation(
@@ -142,7 +144,8 @@ def _run_from_generation(
     width = getattr(output, "prompt_width", None)
     if width is None:
         width = default_width if default_width is not None else prompt_width(cache, sequences)
-    return RelevanceRun(model, sequences, mask, int(width), cache=cache, output=output)
+    hooks = getattr(cache, "generation_hooks", None)
+    return RelevanceRun(model, sequences, mask, int(width), cache=cache, output=output, hooks=hooks)
 
 
 def _is_text(output: object) -> bool:

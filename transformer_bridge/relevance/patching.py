@@ -55,7 +55,7 @@ def attribution_patching(
     if clean_cache is not None and not isinstance(clean_cache, ActivationCache):
         raise ArgumentTypeError(f"`clean_cache` must be an ActivationCache or None, got {describe(clean_cache)}.")
     _, mask = model.prepare_input(clean, attention_mask)
-    scores = _patching(model, clean, corrupted, [metric], names, mask, clean_cache)
+    scores, _ = _patching(model, clean, corrupted, [metric], names, mask, clean_cache)
     return {name: s[0] for name, s in scores.items()}
 
 
@@ -96,8 +96,9 @@ def _patching(
     names: Sequence[str] | None,
     mask: Tensor | None,
     clean_cache: ActivationCache | None,
-) -> dict[str, Tensor]:
-    """``{name: [len(metrics), batch, pos]}``; each metric backpropagates once on the corrupted run."""
+) -> tuple[dict[str, Tensor], Tensor]:
+    """``{name: [len(metrics), batch, pos]}``, each metric backpropagated once on the corrupted run, and that
+    run's logits (detached)."""
     names = hook_names(model, names)
     if mask is None:
         mask = torch.ones_like(clean)
@@ -129,7 +130,7 @@ def _patching(
                 continue
             delta = (clean_acts[name].to(grad.device) - corrupt_acts[name].detach()) * grad
             out[name][j] = _per_position(name, delta).float().cpu()
-    return out
+    return out, logits.detach()
 
 
 def hook_names(model: BridgeCore, names: object) -> list[str]:
@@ -187,14 +188,17 @@ def attribution_patching_method(request: Request) -> MethodOutput:
         return metric
 
     corrupted, mask = request.options["corrupted_tokens"], request.attention_mask
-    per_round = _patching(model, tokens, corrupted, [make_metric(g) for g in groups], names, mask, request.cache)
+    per_round, logits = _patching(model, tokens, corrupted, [make_metric(g) for g in groups], names, mask,
+                                  request.cache)  # fmt: skip
+    # The target on the corrupted run (with the sequences themselves as `corrupted_tokens`, the run's own value).
+    values = torch.stack([target(logits[e.batch_index, e.logit_position], e.token_id).float() for e in explained])
     scores = torch.zeros(len(explained), len(names), tokens.shape[1])
     for r, group in enumerate(groups):
         for j in group:
             e = explained[j]
             for h, name in enumerate(names):
                 scores[j, h] = per_round[name][r, e.batch_index]
-    return MethodOutput(scores, kind="hooks", labels=names)
+    return MethodOutput(scores, values, kind="hooks", labels=names)
 
 
 ATTRIBUTION_PATCHING = Method(

@@ -1,5 +1,6 @@
 """`RelevanceRun`: generated sequences plus their cache, kept so any token can be explained later."""
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,7 +11,9 @@ from torch import Tensor
 from ..cache.activation_cache import ActivationCache
 from ..checks import ArgumentIndexError, ArgumentTypeError, check_int, describe, is_int
 from ..core import BridgeCore
-from .methods import explain
+from ..hooks.entries import HookEntry
+from ..hooks.recorded import describe_hooks, hooks_besides, only
+from .methods import explain, get_method
 from .result import Relevance
 from .targets import ExplainedToken
 
@@ -23,6 +26,8 @@ class RelevanceRun:
     """Step one of the two-step API: the generated ``sequences``, their mask and (optionally) cache.
 
     Step two, `relevance_pass`, explains chosen generated tokens from them without regenerating.
+    ``hooks`` are the forward hooks the run was generated under (`generate` records them on its cache): gradient
+    methods recompute under exactly those, whatever hooks are active when they are called.
     Columns ``[0, prompt_width)`` hold the left-padded prompts, column ``prompt_width + i`` the
     ``i``-th generated token of every row (its step index). Rows that stopped early have padding
     (mask 0) after their end; those steps are skipped for that row.
@@ -42,6 +47,7 @@ class RelevanceRun:
         prompt_width: int,
         cache: ActivationCache | None = None,
         output: Any = None,
+        hooks: Sequence[HookEntry] | None = None,
     ) -> None:
         if not isinstance(sequences, Tensor) or sequences.is_floating_point() or sequences.is_complex():
             raise ArgumentTypeError(
@@ -71,6 +77,8 @@ class RelevanceRun:
         self.prompt_width = prompt_width
         self._cache = cache
         self.output = output
+        # The forward hooks the run was generated under (None: unknown, gradient methods use those active then).
+        self.hooks: tuple[HookEntry, ...] | None = None if hooks is None else tuple(hooks)
 
     # -- state --------------------------------------------------------------------------------
     def _alive(self) -> tuple[BridgeCore, Tensor, Tensor]:
@@ -103,7 +111,7 @@ class RelevanceRun:
 
     def clear(self) -> None:
         """Free the tokens, the cache and the generation output; explaining afterwards raises `ClearedRunError`."""
-        self._sequences = self._mask = self._cache = self.output = None
+        self._sequences = self._mask = self._cache = self.output = self.hooks = None
         self.model = None
 
     def __repr__(self) -> str:
@@ -144,15 +152,34 @@ class RelevanceRun:
 
         ``target`` is ``"logit"`` (default), ``"logprob"`` or ``("logit_diff", contrast_token)``.
         Gradient methods recompute one forward over the stored sequences (never regenerate) and
-        one backward per selected step; cache methods (``dla``, ``logit_lens``, ``attention``) read
-        ``run.cache``. Returns one `StepRelevance` per (row, step), in row-major order.
+        one backward per selected step, under the forward hooks the run was generated under (``run.hooks``);
+        other hooks active at the call are set aside meanwhile, with a warning naming them. Cache methods
+        (``dla``, ``logit_lens``, ``attention``) read ``run.cache``. Returns one `StepRelevance` per (row, step),
+        in row-major order.
 
         Example:
             >>> rel = run.relevance_pass([0, 4, 9], method="cp_lrp", target="logprob")
         """
+        return self._explain(token_indices, method, target, method_kwargs, stacklevel=3)
+
+    def _explain(
+        self, token_indices: Any, method: str, target: Any, method_kwargs: dict[str, Any], stacklevel: int
+    ) -> Relevance:
+        """`relevance_pass`; ``stacklevel`` points the warning about set-aside hooks at the user's call."""
         model, seqs, mask = self._alive()
         explained = self.explained_tokens(token_indices)
-        return explain(model, seqs, mask, explained, method, target, self._cache, **method_kwargs)
+        if self.hooks is None or get_method(method).reads is not None:  # unknown hooks, or a cache method
+            return explain(model, seqs, mask, explained, method, target, self._cache, **method_kwargs)
+        others = hooks_besides(model, self.hooks)
+        if others:
+            warnings.warn(
+                f"Method {method!r} explains the run as it was generated, under the forward hooks active then "
+                f"({describe_hooks(self.hooks) or 'none'}); the hooks active now are set aside while it runs: "
+                f"{describe_hooks(others)}. To explain a run under them, generate it under them.",
+                stacklevel=stacklevel,
+            )
+        with only(model, self.hooks):
+            return explain(model, seqs, mask, explained, method, target, self._cache, **method_kwargs)
 
 
 def _steps(token_indices: object, n: int) -> list[int]:
