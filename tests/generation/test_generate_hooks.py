@@ -1,5 +1,7 @@
 """Hooks during generation: what `hook.ctx` says at each step, steering by absolute position, KV edits, errors."""
 
+import sys
+
 import pytest
 import torch
 from conftest import FAMILIES, make_bridge
@@ -129,3 +131,30 @@ def test_hooks_see_every_beam_row():
     assert rows[0].shape == (6, tokens.shape[1])
     for s, positions in enumerate(rows[1:], start=1):
         assert torch.equal(positions[:, 0], lengths + s - 1)
+
+
+def test_a_hook_failing_at_a_decode_step_keeps_its_type_and_says_where():
+    model = make_bridge("llama")
+    v = torch.ones(model.cfg.d_model)
+
+    def at_position_4(resid, hook):  # written for a whole sequence: decode steps see one position
+        resid[:, 4] += v
+
+    prompt = torch.tensor([[1, 5, 17, 42, 8, 11]])
+    with model.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", at_position_4)]):
+        model(prompt)  # a whole forward: the hook works
+        with pytest.raises(IndexError, match=r"index 4 is out of bounds") as raised:
+            model.generate(prompt, max_new_tokens=2)
+    message = str(raised.value)
+    for part in ("'at_position_4'", "'blocks.1.hook_resid_pre'", "phase 'decode'", "(1, 1, 32)", "hook.ctx.positions"):
+        assert part in message, part
+
+    def lookup(resid, hook):
+        if hook.ctx.phase == "decode":
+            raise KeyError("missing")
+
+    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", lookup)]), pytest.raises(KeyError) as raised:
+        model.generate(prompt, max_new_tokens=2)
+    assert raised.value.args == ("missing",)  # a KeyError's message is its key: the place is a note
+    if sys.version_info >= (3, 11):
+        assert "hook.ctx.positions" in "".join(raised.value.__notes__)

@@ -25,7 +25,11 @@ def apply_forward(point: Any, tensor: Tensor) -> Tensor:
     conversion = point.hook_conversion
     for entry in list(point.fwd_hooks):
         if entry.read_only:
-            entry(tensor if conversion is None else conversion.convert(tensor))
+            try:
+                entry(tensor if conversion is None else conversion.convert(tensor))
+            except Exception as e:
+                _explain_failure(e, point, entry, tensor)
+                raise
             continue
         shown = tensor
         if tensor.requires_grad and torch.is_grad_enabled() and _saved_for_backward(tensor):
@@ -36,7 +40,11 @@ def apply_forward(point: Any, tensor: Tensor) -> Tensor:
         # Inference tensors have no version counter: compare with a snapshot instead.
         before = shown.clone() if inference else shown._version
         seen = shown if conversion is None else conversion.convert(shown)
-        out = entry(seen)
+        try:
+            out = entry(seen)
+        except Exception as e:
+            _explain_failure(e, point, entry, tensor)
+            raise
         if out is None or (out is seen and conversion is None):
             changed = not torch.equal(before, shown) if inference else shown._version != before
             # A copy the hook asked to keep the gradient of (``x.retain_grad()``) must be on the path.
@@ -55,6 +63,25 @@ def apply_forward(point: Any, tensor: Tensor) -> Tensor:
         # are removed (`run_with_hooks(bwd_hooks=...)` then `.backward()`, as in TransformerLens 4).
         tensor.register_hook(functools.partial(apply_backward, point, list(point.bwd_hooks)))
     return tensor
+
+
+def _explain_failure(error: Exception, point: Any, entry: HookEntry, tensor: Tensor) -> None:
+    """At a decode step, add to ``error`` (its type kept, re-raised by the caller) where it happened: hooks written
+    for a whole sequence (``resid[:, 4]``) meet a chunk of one position there. The message gains it when it is a
+    plain message, else a note (Python 3.11+); on Python 3.10 such an error is left as it is."""
+    ctx = point._owner.ctx
+    if ctx is None or ctx.phase != "decode":
+        return
+    fn = getattr(entry.fn, "__name__", type(entry.fn).__name__)
+    where = (
+        f"(raised by hook {fn!r} on {point.name!r} at decode step {ctx.step}: phase 'decode', where a hook sees only "
+        f"the new positions, a chunk of shape {tuple(tensor.shape)}; `hook.ctx.positions` [batch, chunk] holds each "
+        "token's absolute position, e.g. `resid[hook.ctx.positions == 4] += v` instead of `resid[:, 4] += v`)"
+    )
+    if type(error).__str__ is BaseException.__str__ and len(error.args) == 1 and isinstance(error.args[0], str):
+        error.args = (f"{error.args[0]}\n{where}",)
+    elif hasattr(error, "add_note"):
+        error.add_note(where)
 
 
 def apply_backward(point: Any, entries: list[HookEntry], grad: Tensor) -> Tensor | None:
