@@ -60,6 +60,28 @@ def is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def as_index(value: object) -> int | None:
+    """``value`` as a Python int if it is an integer: an int, a numpy integer, or a 0-d integer tensor or array
+    (what ``topk`` / ``argmax`` return), as TransformerLens takes a layer; None for anything else (bools too).
+
+    Example:
+        >>> as_index(torch.tensor(3)), as_index(3), as_index(True), as_index(torch.tensor(3.0))
+        (3, 3, None, None)
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    dtype = getattr(value, "dtype", None)
+    if getattr(value, "ndim", None) != 0 or dtype is None:
+        return None
+    if isinstance(value, Tensor):
+        integer = not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    else:  # a 0-d numpy array
+        integer = getattr(dtype, "kind", "") in ("i", "u")
+    return int(value) if integer else None
+
+
 def is_real(value: object) -> bool:
     """A real number (numpy's included) that is not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)

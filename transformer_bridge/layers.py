@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from .checks import as_index
+
 
 class StopForward(Exception):  # noqa: N818 (control flow, not an error)
     """Carries the residual stream out of a forward stopped by `stop_before`."""
@@ -24,8 +26,10 @@ class StopForward(Exception):  # noqa: N818 (control flow, not an error)
 
 def check_layer(value: object, n_layers: int, param: str) -> int:
     """A layer index in ``0..n_layers`` (negative counts from the end), as TransformerLens takes it."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    index = as_index(value)
+    if index is None:
         raise TypeError(f"`{param}` must be an int layer index, got {value!r} ({type(value).__name__}).")
+    value = index
     if not -n_layers <= value <= n_layers:
         raise IndexError(f"`{param}`={value} is out of range: this model has {n_layers} layers (use 0..{n_layers}).")
     return value + n_layers if value < 0 else value

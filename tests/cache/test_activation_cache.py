@@ -1,5 +1,6 @@
 """run_with_cache and ActivationCache: selection, storage, shorthand keys, analysis helpers, save/load."""
 
+import numpy as np
 import pytest
 import torch
 from conftest import V, make_bridge, normalized_input
@@ -60,8 +61,31 @@ def test_shorthand_keys():
     assert get_act_name("pre_linear", 1) == "blocks.1.mlp.hook_pre_linear"
     with pytest.raises(KeyError, match="needs a layer"):
         cache["resid_post"]
-    with pytest.raises(KeyError, match="Unknown shorthand"):
-        get_act_name("resid", 0)
+    assert get_act_name("resid", 0) == "blocks.0.hook_resid"  # TransformerLens' construction ...
+    with pytest.raises(KeyError, match="hook_resid_p"):  # ... which the cache refuses with close matches
+        cache["resid", 0]
+
+
+def test_tl_layer_forms_and_names():
+    """TransformerLens' cache keys: a layer as a 0-d integer tensor (what `topk` returns) or a numpy int, and any
+    name its `get_act_name` builds (``"in"`` -> ``blocks.L.hook_in``, TransformerLens 4's resid_pre)."""
+    model = make_bridge("llama")
+    _, cache = model.run_with_cache(TOKENS)
+    top = cache["resid_post", 1].norm(dim=-1).flatten().topk(1).indices[0] % 2
+    assert top.ndim == 0 and cache["attn", top] is cache[f"blocks.{int(top)}.attn.hook_pattern"]
+    assert cache["attn", torch.tensor(1)] is cache["pattern", 1]
+    assert cache["resid_pre", np.int64(-1)] is cache["blocks.1.hook_resid_pre"]
+    assert cache["in", torch.tensor(1)] is cache["blocks.1.hook_resid_pre"]
+    assert cache["in", 0, "a"] is cache["blocks.0.attn.hook_in"]
+    assert cache[get_act_name("in", 1)] is cache["resid_pre", 1]
+    assert get_act_name("k", torch.tensor(6), "a") == "blocks.6.attn.hook_k"
+    assert get_act_name("mlp_mid", 2) == "blocks.2.mlp.hook_mid" and get_act_name("in") == "hook_in"
+    for bad in (torch.tensor(1.0), torch.tensor([1]), True):
+        with pytest.raises(TypeError, match="layer must be an int"):
+            cache["attn", bad]
+    assert torch.equal(model(TOKENS, stop_at_layer=torch.tensor(1)), cache["resid_pre", 1])
+    assert torch.equal(model(TOKENS, stop_at_layer=np.int64(1)), cache["resid_pre", 1])
+    assert torch.equal(cache.accumulated_resid(layer=torch.tensor(1)), cache.accumulated_resid(layer=1))
 
 
 def test_device_pos_slice_remove_batch_dim():

@@ -329,8 +329,7 @@ def test_get_act_name_tl_forms():
     assert utils.get_act_name("value", 0) == "blocks.0.attn.hook_v"
     assert utils.get_act_name("resid_pre", 0, "b") == "blocks.0.hook_resid_pre"
     assert utils.get_act_name("blocks.3.hook_resid_post") == "blocks.3.hook_resid_post"
-    with pytest.raises(KeyError, match="resid_pre"):
-        utils.get_act_name("resid_pr", 0)
+    assert utils.get_act_name("resid_pr", 0) == "blocks.0.hook_resid_pr"  # TransformerLens' construction
     with pytest.raises(ValueError, match="cannot count layers from the end"):
         utils.get_act_name("resid_pre", -1)
     with pytest.raises(ValueError, match="`layer_type`"):

@@ -138,5 +138,5 @@ def test_cache_lookup_errors_distinguish_unknown_out_of_range_and_not_cached(mod
 def test_get_act_name_shorthands():
     assert get_act_name("pattern", 3) == "blocks.3.attn.hook_pattern"
     assert get_act_name("scale") == "ln_final.hook_scale"
-    with pytest.raises(KeyError, match="Did you mean"):
-        get_act_name("resid_psot", 0)
+    # TransformerLens builds a name for shorthand it does not know; the model names the close ones
+    assert get_act_name("resid_psot", 0) == "blocks.0.hook_resid_psot"

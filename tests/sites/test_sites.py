@@ -376,3 +376,32 @@ def test_backward_hook_can_replace_gradient(model):
         model(TOKENS, return_type="loss").backward()
     model.hf_model.zero_grad()
     assert seen["embed"].abs().max() == 0  # the replaced gradient is what flows further back
+
+
+def test_masked_scores_are_minus_inf_as_in_tl(model):
+    """TransformerLens' masked scores are -inf (an abs-sum or an isinf mask gives its numbers); the pattern and
+    the logits stay HF's, with and without padding (a fully masked padding row stays uniform, not NaN)."""
+    if f"blocks.{LAYER}.attn.hook_attn_scores" not in model.hook_dict:
+        pytest.skip("no attention scores in this family")
+    mask = torch.ones_like(TOKENS)
+    mask[0, :2] = 0  # left padding in row 0
+    for kwargs in ({}, {"attention_mask": mask}):
+        plain = model(TOKENS, **kwargs)
+        logits, cache = model.run_with_cache(TOKENS, names_filter=lambda n: "scores" in n or "pattern" in n, **kwargs)
+        assert torch.equal(logits, plain)
+        scores, pattern = cache["attn_scores", LAYER], cache["pattern", LAYER]
+        blocked = torch.isneginf(scores)
+        future = torch.ones(6, 6, dtype=torch.bool).triu(1)
+        assert blocked[..., future].all() and not torch.isnan(pattern).any()
+        if not kwargs:
+            assert torch.isfinite(scores.diagonal(dim1=-2, dim2=-1)).all()  # (sliding windows block older keys)
+        else:
+            assert blocked[0, :, 2:, :2].all()  # real queries do not see the padding keys
+        real_rows = ~blocked.all(-1, keepdim=True)
+        assert (pattern[blocked & real_rows] == 0).all()
+        # an editing hook: the explicit kernel reads the -inf scores with HF's fill, so no real position moves
+        with torch.no_grad():
+            edited = model.run_with_hooks(
+                TOKENS, fwd_hooks=[(f"blocks.{LAYER}.attn.hook_attn_scores", lambda s, hook: s * 1.0)], **kwargs
+            )
+        _close(edited[mask.bool()], plain[mask.bool()])

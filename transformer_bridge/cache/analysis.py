@@ -17,14 +17,13 @@ norm's weight: the frozen-scale reading `apply_ln_to_stack` and the ``dla`` rele
 """
 
 import logging
-import operator
 from typing import Any, Literal
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..checks import ArgumentIndexError, ArgumentTypeError, describe
+from ..checks import ArgumentIndexError, ArgumentTypeError, as_index, describe
 from ..sites.module_paths import get_module
 from .decompose import (
     Activations,
@@ -54,9 +53,9 @@ def resolve_layer(layer: Any, n_layers: int, param: str = "layer", final: bool =
     top = n_layers if final else n_layers - 1
     if layer is None:
         return top
-    if isinstance(layer, bool) or not hasattr(layer, "__index__"):
+    index = as_index(layer)
+    if index is None:
         raise ArgumentTypeError(f"`{param}` must be an int or None, got {describe(layer)}.")
-    index = operator.index(layer)
     if not -(top + 1) <= index <= top:
         what = " (n_layers, -1 or None: the input of the final norm)" if final else ""
         raise ArgumentIndexError(
@@ -69,9 +68,10 @@ def resolve_layer(layer: Any, n_layers: int, param: str = "layer", final: bool =
 def stack_layer(layer: Any, n_layers: int, incl_remainder: bool) -> int:
     """A stack's ``layer`` (TransformerLens 4.3): -1 / None is ``n_layers``, other negatives count from the end,
     but are refused with ``incl_remainder`` (whose ``layer=0`` is the whole model, see `stack_head_results`)."""
-    if incl_remainder and not isinstance(layer, bool) and hasattr(layer, "__index__") and operator.index(layer) < -1:
+    index = as_index(layer)
+    if incl_remainder and index is not None and index < -1:
         raise ArgumentIndexError(
-            f"`layer`={operator.index(layer)} with incl_remainder=True: the layer must be 0..{n_layers} (or -1 / "
+            f"`layer`={index} with incl_remainder=True: the layer must be 0..{n_layers} (or -1 / "
             f"None for {n_layers}, the final residual stream); layer 0's remainder is the whole model."
         )
     return resolve_layer(layer, n_layers)

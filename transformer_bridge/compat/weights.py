@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from ..adapters.base import one_plus
 from ..cache.decompose import logit_multiplier
-from ..checks import ArgumentIndexError, ArgumentTypeError
+from ..checks import ArgumentIndexError, ArgumentTypeError, as_index
 from ..core import BridgeCore
 from ..distributed import full_param
 from ..sites.module_paths import get_module
@@ -75,13 +75,15 @@ class WeightNotAvailableError(ValueError, AttributeError):
 # -- helpers ----------------------------------------------------------------------------------------
 def _block(core: BridgeCore, layer: int) -> nn.Module:
     n = core.cfg.n_layers
-    if isinstance(layer, bool) or not hasattr(layer, "__index__"):
+    index = as_index(layer)
+    if index is None:
         raise ArgumentTypeError(f"`layer` must be an int, got {type(layer).__name__} {layer!r}.")
-    if not -n <= int(layer) < n:
+    layer = index
+    if not -n <= layer < n:
         raise ArgumentIndexError(
             f"`layer`={layer} is out of range; this model has {n} layers, so use 0..{n - 1} (or -{n}..-1)."
         )
-    return get_module(core.hf_model, core.adapter.blocks)[int(layer)]
+    return get_module(core.hf_model, core.adapter.blocks)[layer]
 
 
 def _dense_mlp_block(core: BridgeCore, layer: int) -> nn.Module:

@@ -20,6 +20,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from ..checks import as_index
+
 NameFilter = None | str | tuple | Sequence[Any] | Callable[[str], bool]
 
 # Shorthand → where the canonical name lives: "" (model level), "block", "attn", "mlp", or a norm.
@@ -46,6 +48,14 @@ _TL4_BLOCK = {
     "mlp.in.hook_out": "mlp.hook_pre", "mlp.out.hook_in": "mlp.hook_post",
     "attn.hook_attn_in": "hook_attn_in", "attn.hook_q_input": "hook_q_input", "attn.hook_k_input": "hook_k_input",
     "attn.hook_v_input": "hook_v_input", "ln1.hook_out": "attn.hook_in", "ln2.hook_out": "mlp.hook_in",
+}  # fmt: skip
+# TransformerLens' `get_act_name`: its aliases of names and layer types.
+_TL_NAME_ALIAS = {
+    "attn_logits": "attn_scores", "key": "k", "query": "q", "value": "v",
+    "mlp_pre": "pre", "mlp_mid": "mid", "mlp_post": "post",
+}  # fmt: skip
+_TL_LAYER_TYPE = {
+    "a": "attn", "attention": "attn", "attn": "attn", "m": "mlp", "mlp": "mlp", "b": "", "block": "", "blocks": "",
 }  # fmt: skip
 _TL4_MODEL = {"embed.hook_in": "hook_tokens", "embed.hook_out": "hook_embed", "pos_embed.hook_out": "hook_pos_embed"}
 
@@ -114,8 +124,11 @@ def canonical_name(name: str, layer: int | None = None, layer_type: str | None =
     """
     if not isinstance(name, str):
         raise TypeError(f"`name` must be a shorthand str such as 'resid_post', got {type(name).__name__}.")
-    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
-        raise TypeError(f"`layer` must be an int, got {layer!r} ({type(layer).__name__}).")
+    if layer is not None:
+        index = as_index(layer)
+        if index is None:
+            raise TypeError(f"`layer` must be an int, got {layer!r} ({type(layer).__name__}).")
+        layer = index
     where = _SHORT.get(name)
     if where is None:
         close = difflib.get_close_matches(name, _SHORT, n=3)
@@ -138,6 +151,31 @@ def canonical_name(name: str, layer: int | None = None, layer_type: str | None =
     return f"blocks.{layer}.{sub}hook_{name}"
 
 
+def tl_act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
+    """TransformerLens' `get_act_name` rule over this grammar: a name it knows (after its aliases: ``"key"``,
+    ``"attn_logits"``, layer types ``"a"`` / ``"m"`` / ``"b"``) gets the grammar's canonical name, and any other
+    name gets TransformerLens' own construction, ``blocks.{layer}.[{layer_type}.]hook_{name}``: ``"in"`` with
+    layer 3 is ``blocks.3.hook_in``, TransformerLens 4's spelling of ``blocks.3.hook_resid_pre``. Whether the
+    result is a point of a model is for the model (or a cache) to say.
+
+    Example:
+        >>> tl_act_name("key", 6, "a"), tl_act_name("in", 3), tl_act_name("in", 3, "a")
+        ('blocks.6.attn.hook_k', 'blocks.3.hook_in', 'blocks.3.attn.hook_in')
+    """
+    name = _TL_NAME_ALIAS.get(name, name)
+    kind = _TL_LAYER_TYPE.get(layer_type, layer_type) if layer_type is not None else None
+    if name in _SHORT:
+        full = canonical_name(name, layer, kind if kind not in (None, "", "attn", "mlp") else None)
+        if kind in ("attn", "mlp") and f".{kind}." not in full:
+            raise ValueError(f"`layer_type`={layer_type!r} does not fit {name!r}, which is {full!r}; leave it out.")
+        return full
+    if name == "mid":  # SoLU's MLP point, which TransformerLens places in the MLP
+        kind = "mlp"
+    block = "" if layer is None else f"blocks.{layer}."
+    sub = f"{kind}." if kind else ""
+    return f"{block}{sub}hook_{name}"
+
+
 class HookNames:
     """Resolves names against one model's hook points (``valid``, in canonical order)."""
 
@@ -158,12 +196,16 @@ class HookNames:
                     f"`{param}`={key!r}: a key tuple is (shorthand, layer[, layer_type]), e.g. ('resid_post', 0)."
                 )
             layer = key[1] if len(key) > 1 else None
-            if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
-                raise TypeError(f"`{param}`={key!r}: the layer must be an int, got {type(layer).__name__}.")
             if layer is not None:
-                self._check_layer(layer, key)
-                layer = layer + self.n_layers if layer < 0 else layer
-            name = canonical_name(key[0], layer, key[2] if len(key) > 2 else None)
+                index = as_index(layer)
+                if index is None:
+                    raise TypeError(
+                        f"`{param}`={key!r}: the layer must be an int (or a 0-d integer tensor), got "
+                        f"{type(layer).__name__}."
+                    )
+                self._check_layer(index, key)
+                layer = index + self.n_layers if index < 0 else index
+            name = tl4_spelling(tl_act_name(key[0], layer, key[2] if len(key) > 2 else None))
         elif isinstance(key, str):
             if key in self.valid_set:
                 return self._on(key)

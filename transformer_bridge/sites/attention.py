@@ -152,11 +152,14 @@ def hooked_attention(
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    scores = _apply_mask(scores, attention_mask, n_q, n_kv)
+    # Hooks see blocked scores as -inf, as in TransformerLens; the softmax gets HF's fill, the dtype's minimum
+    # (a row with every key blocked stays uniform, not NaN), so the pattern is HF's.
+    shown = any(g.scores.active for g in groups)
+    scores = _apply_mask(scores, attention_mask, n_q, n_kv, -torch.inf if shown else None)
     new_scores = _run(groups, "scores", scores)
     # A tensor kept for its gradient (``retain_grad``) is only on the path if the explicit kernel runs.
     edited |= new_scores is not scores or new_scores.retains_grad
-    scores = new_scores
+    scores = new_scores.clamp(min=torch.finfo(new_scores.dtype).min) if shown else new_scores
     pattern = _softmax(scores, s_aux).to(query.dtype)
     new_pattern = _run(groups, "pattern", pattern)
     edited |= new_pattern is not pattern or new_pattern.retains_grad
@@ -180,8 +183,10 @@ def _softmax(scores: Tensor, sinks: Tensor | None) -> Tensor:
     return torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]
 
 
-def _apply_mask(scores: Tensor, mask: Tensor | None, n_q: int, n_kv: int) -> Tensor:
-    minimum = torch.finfo(scores.dtype).min
+def _apply_mask(scores: Tensor, mask: Tensor | None, n_q: int, n_kv: int, fill: float | None = None) -> Tensor:
+    """Blocked scores set to ``fill`` (default: the dtype's minimum, HF's fill); a float mask is added, and with
+    ``fill`` its blocked entries (HF's minimum) become ``fill``."""
+    minimum = torch.finfo(scores.dtype).min if fill is None else fill
     if mask is None:
         # The sdpa mask function returns None for a plain causal mask (no padding, no window):
         # query i sees keys up to i + (n_kv - n_q), aligned to the end.
@@ -190,7 +195,9 @@ def _apply_mask(scores: Tensor, mask: Tensor | None, n_q: int, n_kv: int) -> Ten
         return scores.masked_fill(~allowed, minimum)
     if mask.dtype == torch.bool:
         return scores.masked_fill(~mask[..., :n_kv], minimum)
-    return scores + mask[..., :n_kv]
+    mask = mask[..., :n_kv]
+    added = scores + mask
+    return added if fill is None else added.masked_fill(mask == torch.finfo(mask.dtype).min, fill)
 
 
 class _RouteSdpa(TorchFunctionMode):

@@ -2,29 +2,9 @@
 
 import re
 
-import numpy as np
-
-from ..checks import ArgumentTypeError, describe
+from ..checks import ArgumentTypeError, as_index, describe
 from ..hooks import names
 
-_NAME_ALIAS = {
-    "attn_logits": "attn_scores",
-    "key": "k",
-    "query": "q",
-    "value": "v",
-    "mlp_pre": "pre",
-    "mlp_post": "post",
-}
-_TYPE_ALIAS = {
-    "a": "attn",
-    "attention": "attn",
-    "attn": "attn",
-    "m": "mlp",
-    "mlp": "mlp",
-    "b": "",
-    "block": "",
-    "blocks": "",
-}
 _COMPACT = re.compile(r"([a-z]+)(\d+)([a-z]?.*)")
 
 
@@ -33,10 +13,12 @@ def get_act_name(name: str, layer: int | str | None = None, layer_type: str | No
 
     Accepts full names (returned as they are), shorthand with a layer, TransformerLens' aliases
     (``"key"``, ``"query"``, ``"value"``, ``"attn_logits"``, ``"mlp_pre"``, ``"mlp_post"``; ``layer_type``
-    ``"a"`` / ``"m"`` / ``"b"``) and compact forms (``"k6"``, ``"scale4ln1"``). Unknown shorthand raises
-    `KeyError` with close matches. The layer is not checked against a model here (no model is known):
+    ``"a"`` / ``"m"`` / ``"b"``) and compact forms (``"k6"``, ``"scale4ln1"``). A name it does not know gets
+    TransformerLens' construction, ``blocks.{layer}.[{layer_type}.]hook_{name}`` (``"in"`` with layer 3:
+    ``blocks.3.hook_in``, which the bridge reads as ``blocks.3.hook_resid_pre``); a model or a cache then says
+    whether it is a point, with close matches. The layer is not checked against a model here (no model is known):
     negative layers raise, since only a model can resolve them; use ``cache["resid_pre", -1]``. A layer may be
-    given as a string of digits (``"6"``), as TransformerLens allows.
+    given as a string of digits (``"6"``), as TransformerLens allows, or a 0-d integer tensor (what ``topk`` returns).
 
     Example:
         >>> get_act_name("k", 6, "a"), get_act_name("scale4ln1"), get_act_name("normalized")
@@ -51,17 +33,12 @@ def get_act_name(name: str, layer: int | str | None = None, layer_type: str | No
         name, layer, layer_type = match.group(1), int(match.group(2)), match.group(3) or None
     if isinstance(layer, str) and layer.isdigit():
         layer = int(layer)
-    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, (int, np.integer))):
+    if layer is not None and as_index(layer) is None:
         raise ArgumentTypeError(f"`layer` must be an int, a string of digits or None, got {describe(layer)}.")
+    layer = None if layer is None else as_index(layer)
     if layer is not None and layer < 0:
         raise ValueError(
             f"`layer`={layer}: get_act_name knows no model, so it cannot count layers from the end. Give "
             f"model.cfg.n_layers + {layer}, or index the cache: cache[{name!r}, {layer}]."
         )
-    name = _NAME_ALIAS.get(name, name)
-    kind = _TYPE_ALIAS.get(layer_type, layer_type) if layer_type is not None else None
-    norm = kind if kind not in ("", "attn", "mlp") else None
-    full = names.canonical_name(name, None if layer is None else int(layer), norm)
-    if kind in ("attn", "mlp") and f".{kind}." not in full:
-        raise ValueError(f"`layer_type`={layer_type!r} does not fit {name!r}, which is {full!r}; leave it out.")
-    return full
+    return names.tl_act_name(name, layer, layer_type)
