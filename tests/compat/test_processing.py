@@ -142,3 +142,24 @@ def test_smollm2_processed_keeps_log_probs(smollm2):
     tokens = smollm2.to_tokens("When Mary and John went to the store, John gave a drink to")
     torch.testing.assert_close(model(tokens).log_softmax(-1), smollm2(tokens).log_softmax(-1), atol=1e-4, rtol=1e-4)
     assert model.weight_processing.applied == ("fold_ln", "center_unembed", "fold_value_biases")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "gpt_neox"])
+def test_processing_keeps_float64(family):
+    """Processing computes at the model's precision: in float64 each step moves the centred logits by float64
+    reassociation (~1e-13 on SmolLM2), not by a float32 round trip (1.4e-6 on SmolLM2 before). (Gemma's norms
+    multiply by γ in float32 inside HF's own forward, a rounding that folding γ into float64 weights cannot
+    reproduce: ~1e-6 there.)"""
+    base = perturb_(make_bridge(family)).to(torch.float64)
+    with torch.no_grad():
+        hf = base.hf_model(TOKENS).logits
+    centred = hf - hf.mean(-1, keepdim=True)
+    for steps in ({"fold_ln": True}, {"fold_ln": True, "center_writing_weights": True, "center_unembed": True,
+                                      "fold_value_biases": True}):  # fmt: skip
+        model = processed(base, **steps)
+        with torch.no_grad():
+            out = model(TOKENS)
+        assert out.dtype == torch.float64
+        torch.testing.assert_close(out - out.mean(-1, keepdim=True), centred, atol=1e-12, rtol=0)
+    gamma = base.hf_model.get_output_embeddings().weight.T * base.ln_final.w[:, None]
+    assert base.W_U.dtype == torch.float64 and torch.equal(base.W_U, gamma)

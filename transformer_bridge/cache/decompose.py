@@ -114,12 +114,23 @@ def sublayer_bias(model: Any, layer: int, which: Sublayer) -> Float[Tensor, "d_m
     return full_param(block_module(model, layer, path), "bias")
 
 
+def wide(t: Tensor) -> Tensor:
+    """``t`` in at least float32, keeping float64: analyses and weight processing compute at the model's
+    precision or better, never below it.
+
+    Example:
+        >>> wide(torch.ones(2, dtype=torch.bfloat16)).dtype, wide(torch.ones(2, dtype=torch.float64)).dtype
+        (torch.float32, torch.float64)
+    """
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def norm_weight(model: Any, norm: nn.Module) -> Float[Tensor, "d_model"] | None:
     """A norm's effective weight γ as float (Gemma's stored ``w`` is ``1 + w``), None if it has none."""
     weight = full_param(norm, "weight")
     if weight is None:
         return None
-    weight = weight.detach().float()
+    weight = wide(weight.detach())
     return 1.0 + weight if one_plus(model.adapter.norm) else weight
 
 
@@ -452,16 +463,16 @@ def readout_biases(
     when there are none."""
     rows, labels = [], []
     unembed = model.hf_model.get_output_embeddings()
-    w = full_param(unembed).detach().float()
+    w = wide(full_param(unembed).detach())
     tokens = tokens.to(w.device)
     beta = full_param(get_module(model.hf_model, model.adapter.ln_final), "bias")
     if beta is not None:
         read = w[tokens] - (w[contrast] if contrast is not None else 0.0)
-        rows.append(read @ beta.detach().float())
+        rows.append(read @ wide(beta.detach()))
         labels.append("bias:ln_final")
     b_u = getattr(unembed, "bias", None)  # the raw bias, `b_U_raw`
     if b_u is not None:
-        b = b_u.detach().float()
+        b = wide(b_u.detach())
         rows.append(b[tokens] - (b[contrast] if contrast is not None else 0.0))
         labels.append("bias:unembed")
     if not rows:

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters.base import centred, one_plus
+from ..cache.decompose import wide
 from ..core import BridgeCore
 from ..sites.module_paths import get_module, optional_module
 from . import weights
@@ -161,14 +162,14 @@ def _untie_unembedding(core: BridgeCore) -> None:
 def _fold_into(core: BridgeCore, norm: nn.Module, readers: list[nn.Module], center_readers: bool) -> None:
     """Fold ``norm``'s γ (and β) into each reader's input dimension, then make the norm the identity affine."""
     w = getattr(norm, "weight", None)
-    gamma = None if w is None else (1.0 + w.float() if one_plus(core.adapter.norm) else w.float())
+    gamma = None if w is None else (1.0 + wide(w) if one_plus(core.adapter.norm) else wide(w))
     beta = getattr(norm, "bias", None)
     for module in readers:
         weight = _weight_io(core, module)  # [d_model, out]
-        folded = weight.float() * gamma[:, None] if gamma is not None else weight.float()
+        folded = wide(weight) * gamma[:, None] if gamma is not None else wide(weight)
         if beta is not None and bool(beta.any()):
             bias = _bias(module, weight.shape[1], weight)
-            bias.add_((beta.float() @ weight.float()).to(bias.dtype))
+            bias.add_((wide(beta) @ wide(weight)).to(bias.dtype))
         if center_readers:
             folded = folded - folded.mean(0, keepdim=True)
         weight.copy_(folded.to(weight.dtype))
@@ -230,7 +231,7 @@ def _fold_value_biases(core: BridgeCore, center: bool) -> None:
         w_o = _weight_io(core, o_proj)  # [n_heads * d_head, d_model]
         per_query_head = b_v.repeat_interleave(groups, dim=0).reshape(-1)  # [n_heads * d_head]
         b_o = _bias(o_proj, c.d_model, w_o)
-        b_o.add_((per_query_head.float() @ w_o.float()).to(b_o.dtype))
+        b_o.add_((wide(per_query_head) @ wide(w_o)).to(b_o.dtype))
         if center:
             b_o.sub_(b_o.mean())
         b_v.zero_()

@@ -30,7 +30,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from ..adapters.base import one_plus
-from ..cache.decompose import logit_multiplier
+from ..cache.decompose import logit_multiplier, wide
 from ..checks import ArgumentIndexError, ArgumentTypeError, as_index
 from ..core import BridgeCore
 from ..distributed import full_param
@@ -167,7 +167,7 @@ def _norm_weight_bias(core: BridgeCore, module: nn.Module) -> tuple[Tensor, Tens
     w = full_param(module, "weight")
     if w is None:  # OLMo's LayerNorm has no weight
         return torch.ones(core.cfg.d_model, dtype=core.cfg.dtype, device=core.cfg.device), None
-    return (1.0 + w.float() if one_plus(core.adapter.norm) else w), _bias(module)
+    return (1.0 + wide(w) if one_plus(core.adapter.norm) else w), _bias(module)
 
 
 def _check_d_model(core: BridgeCore, t: Tensor, what: str) -> None:
@@ -322,7 +322,7 @@ def W_U(core: BridgeCore) -> Float[Tensor, "d_model d_vocab"]:  # noqa: N802
     raw = W_U_raw(core)
     gamma, _ = _norm_weight_bias(core, get_module(core.hf_model, core.adapter.ln_final))
     # Cohere's logit_scale and Granite's 1 / logits_scaling are folded in like γ.
-    return (gamma.to(torch.float32)[:, None] * raw.float() * logit_multiplier(core)).to(raw.dtype)
+    return (wide(gamma)[:, None] * wide(raw) * logit_multiplier(core)).to(raw.dtype)
 
 
 def b_U(core: BridgeCore) -> Float[Tensor, "d_vocab"]:  # noqa: N802
