@@ -16,6 +16,7 @@ from conftest import CONFIGS
 from transformers import AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge
+from transformer_bridge.inputs import MaskConventionError
 
 FAMILIES = ["gpt2", "llama", "qwen2", "gemma2", "gpt_neox", "opt"]
 TOKENS = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]])
@@ -118,6 +119,28 @@ def test_bad_4d_masks_are_refused(mask, error, match):
     with pytest.raises(error, match=match):
         model(TOKENS, attention_mask=mask)
     torch.testing.assert_close(model(TOKENS), model.hf_model(TOKENS).logits, rtol=0, atol=0)  # clean afterwards
+
+
+def test_tl_convention_bool_masks_are_refused():
+    """TransformerLens' bool masks block True; read as HF's (True attends) they would run silently with other
+    numbers. Each is refused naming both conventions; HF's own masks (padding on either side, packed rows) pass."""
+    model = _bridge("llama", "sdpa")
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()[None, None].expand(2, 1, 6, 6)
+    left = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    tl_masks = {
+        "causal": ~causal,  # TransformerLens' causal: the future blocked
+        "causal_and_padding": ~_keep(left),  # ... and the padded keys
+        "no_self": causal & ~torch.eye(6, dtype=torch.bool),  # a mask that blocks the diagonal everywhere
+    }
+    for name, mask in tl_masks.items():
+        with pytest.raises(MaskConventionError, match=r"True = attend.*True = blocked.*`~mask`") as info:
+            model(TOKENS, attention_mask=mask)
+        assert isinstance(info.value, ValueError), name
+        with pytest.raises(MaskConventionError):
+            model.run_with_cache(TOKENS, attention_mask=mask)
+    packed = torch.block_diag(torch.ones(3, 3), torch.ones(3, 3)).bool() & causal[0, 0]
+    for mask in (_keep(left), _keep(RIGHT), packed[None, None].expand(2, 1, 6, 6)):
+        model(TOKENS, attention_mask=mask)  # HF's convention: runs
 
 
 def test_4d_mask_refused_with_text_and_flash():

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Bool, Int
 from torch import Tensor
 
 from .checks import describe
@@ -162,8 +162,48 @@ def split_4d_mask(mask: Tensor, shape: torch.Size) -> tuple[Int[Tensor, "batch p
             f"positions, key positions: the whole pattern, HF adds no causal mask to it), got {tuple(mask.shape)}."
         )
     diagonal = mask[:, 0].diagonal(dim1=-2, dim2=-1)
+    if mask.dtype == torch.bool:
+        check_keep_convention(mask)
     real = diagonal if mask.dtype == torch.bool else diagonal >= -1.0
     return real.long().expand(batch, pos), mask
+
+
+class MaskConventionError(ValueError):
+    """A bool 4-D mask that reads as TransformerLens' convention (True = blocked) rather than HF's (True = keep)."""
+
+
+def check_keep_convention(mask: Bool[Tensor, "batch 1 query_pos key_pos"]) -> None:
+    """Refuse a bool 4-D mask that cannot be HF's (True = attend) and looks like TransformerLens' (True = blocked):
+    a sequence in which no token attends to itself, or a token that does not attend to itself but attends to a
+    later one. HF's own masks never do either (a padding token attends to nothing or to earlier tokens), while
+    TransformerLens' causal mask read as HF's does both.
+
+    Example:
+        >>> causal = torch.ones(3, 3, dtype=torch.bool).tril()[None, None]
+        >>> check_keep_convention(causal)          # HF's convention: fine
+        >>> check_keep_convention(~causal)         # TransformerLens' causal mask (True = blocked)
+        Traceback (most recent call last):
+        ...
+        transformer_bridge.inputs.MaskConventionError: ...
+    """
+    square = mask[:, 0]
+    itself = square.diagonal(dim1=-2, dim2=-1)
+    ahead = square.triu(1).any(-1) & ~itself
+    empty = (~itself).all(-1)
+    if not (ahead.any() or empty.any()):
+        return
+    if ahead.any():
+        row, query = (int(i) for i in ahead.nonzero()[0])
+        key = int(square[row].triu(1)[query].nonzero()[0])
+        what = f"query {query} (row {row}) does not attend to itself but attends to the later key {key}"
+    else:
+        what = f"no token of row {int(empty.nonzero()[0])} attends to itself"
+    raise MaskConventionError(
+        f"This bool 4-D `attention_mask` reads as TransformerLens' convention: {what}. The bridge runs the HF model, "
+        "which takes HF's convention, True = attend (keep) and False = blocked, and the mask is the whole pattern "
+        "(no causal mask is added). TransformerLens' HookedTransformer takes the opposite, True = blocked. If your "
+        "mask is TransformerLens', pass `~mask`; or give a float mask (0 attends, -inf blocks), which both read alike."
+    )
 
 
 def mask_for_implementation(mask: Tensor, implementation: str | None, dtype: torch.dtype) -> Tensor:
