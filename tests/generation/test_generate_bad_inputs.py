@@ -3,6 +3,7 @@ and the value, and leaves the model clean; records grow with the steps actually 
 
 import doctest
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -237,3 +238,35 @@ def test_records_of_an_early_stop_equal_those_of_a_run_that_ends_there():
     raw = model(early.sequences[:, :-1])[:, PROMPT.shape[1] - 1 :]  # the logits that chose each new token
     torch.testing.assert_close(early.logits, raw)
     torch.testing.assert_close(early.logprobs, raw.log_softmax(-1).gather(-1, early.new_tokens[..., None])[..., 0])
+
+
+RIGHT_PADDED = torch.tensor([[1, 5, 6, 7], [1, 5, 0, 0]])
+
+
+@pytest.mark.parametrize("pad_is_eos", [False, True])
+def test_right_padded_ids_without_a_mask_get_hf_generates_warning_and_keep_their_meaning(pad_is_eos):
+    model = make_bridge("llama")
+    tokens = RIGHT_PADDED if not pad_is_eos else RIGHT_PADDED.where(RIGHT_PADDED != 0, 2)
+    ids = {"pad_token_id": 2, "eos_token_id": 2} if pad_is_eos else {}
+    meaning = r"continue after their padding" if pad_is_eos else r"as padding"
+    with pytest.warns(UserWarning, match=rf"Rows \[1\].*pad id.*no `attention_mask`.*{meaning}.*to_tokens_and_mask"):
+        out = model.generate(tokens, max_new_tokens=3, **ids)
+    # What the ids mean does not change: HF's mask for bare ids (every id real when the pad id is an EOS id).
+    hf_mask = torch.ones_like(tokens) if pad_is_eos else (tokens != 0).long()
+    torch.testing.assert_close(out, model.generate(tokens, attention_mask=hf_mask, max_new_tokens=3, **ids))
+
+
+def test_no_padding_warning_for_a_mask_one_row_or_rows_that_all_end_alike():
+    model = make_bridge("llama")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.generate(RIGHT_PADDED, attention_mask=(RIGHT_PADDED != 0).long(), max_new_tokens=2)
+        model.generate(RIGHT_PADDED[1:], max_new_tokens=2)
+        model.generate(torch.tensor([[1, 5, 6, 0], [1, 5, 0, 0]]), max_new_tokens=2)  # all end in it: not padding
+
+
+def test_smollm2_batch_from_to_tokens_warns(smollm2):
+    tokens = smollm2.to_tokens(["The capital of France is", "Hi"])
+    with pytest.warns(UserWarning, match=r"Rows \[1\] .*continue after their padding") as record:
+        smollm2.generate(tokens, max_new_tokens=1)
+    assert record[0].filename == __file__

@@ -163,7 +163,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("input_ids", None, "HF's name for token ``input``.", _PROMPT, alias_of="input"),
     Option("attention_mask", None, "``[batch, pos]`` with token input: 0 marks padding. Right-padded rows (a "
            "tokenizer's default) are moved to left padding, which gives each row its tokens alone. Without it, "
-           "bare ids get HF ``generate``'s mask (pad ids are padding when the pad id is not an EOS id).", _PROMPT),
+           "bare ids get HF ``generate``'s mask (pad ids are padding when the pad id is not an EOS id), and its "
+           "warning when some rows end in the pad id (right padding).", _PROMPT),
     Option("token_type_ids", None, "accepted (and ignored) only when all 0: these models have no segments.",
            _PROMPT),
     Option("generation_config", None, "an HF ``GenerationConfig``; its set fields override the model's, and "

@@ -37,7 +37,7 @@ from transformers import GenerationConfig
 from ..checks import ArgumentTypeError, ArgumentValueError, check_bool, check_device, check_int, describe, is_int
 from ..core import BridgeCore
 from ..inputs import hf_generate_mask, left_padding_mask
-from . import options
+from . import checks, options
 from .declare import BY_NAME, CONFIG_FIELDS
 from .keywords import UNSUPPORTED, is_number_or_flag
 from .options import WARPERS, Plan
@@ -108,7 +108,7 @@ def prepare(model: BridgeCore, a: Mapping[str, Any]) -> Request:
         )
     for name in ("return_cache", "return_dict", "return_input_tokens"):
         check_bool(name, a[name])
-    _check_output_form(a)
+    checks.check_output_form(a)
     if a["prepend_bos"] is not None:
         check_bool("prepend_bos", a["prepend_bos"])
     return_cache = a["return_cache"]
@@ -271,8 +271,11 @@ def _prompt(
     if not text and attention_mask is None and isinstance(source, Tensor):
         if padding_side == "left":  # TransformerLens' rule: the ids are left-padded with the tokenizer's pad id
             attention_mask = _tl_left_padding(model, source, prepend_bos)
-        else:  # HF generate's rule for bare ids
-            attention_mask = hf_generate_mask(source, *_hf_pad_and_eos(settings, pad_token_id, eos_token_id))
+        else:  # HF generate's rule for bare ids, and its warning when they look right-padded
+            pad, eos = _hf_pad_and_eos(settings, pad_token_id, eos_token_id)
+            attention_mask = hf_generate_mask(source, pad, eos)
+            # _prompt ← prepare ← generate ← no_grad's wrapper ← checked_keywords ← the caller
+            checks.warn_right_padding(source, pad if pad is not None else next(iter(eos), None), eos, stacklevel=6)
     tokens, mask = model.prepare_input(source, attention_mask, prepend_bos, padding_side="left" if text else None)
     if token_type_ids is not None:
         _check_token_type_ids(token_type_ids, tokens.shape)
@@ -451,18 +454,6 @@ def _lengths(settings: Settings, width: int, n_ctx: int | None, a: Mapping[str, 
             "runs. Lower `min_new_tokens` or raise `max_new_tokens`."
         )
     return new, least
-
-
-def _check_output_form(a: Mapping[str, Any]) -> None:
-    """``return_dict`` (or HF's ``return_dict_in_generate``) returns a `GenerationOutput`; a ``return_type``
-    other than ``"input"`` asks for a plain form at the same time."""
-    given = [name for name in ("return_dict", "return_dict_in_generate") if a[name] is True]
-    if given and a["return_type"] != "input":
-        raise ArgumentValueError(
-            f"`{given[0]}=True` returns a GenerationOutput (`.sequences` the token ids, `.text` the text of text "
-            f"input), and `return_type`={a['return_type']!r} asks for a plain {a['return_type']} output: pass one "
-            "of them."
-        )
 
 
 def _warn_both(new_name: str, new: Any, total_name: str, total: Any) -> None:
