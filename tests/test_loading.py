@@ -1,6 +1,7 @@
 """`from_pretrained`'s loader options (TransformerLens' ``n_ctx`` / ``hf_config_overrides`` / ``load_weights``) on
 saved tiny checkpoints: a rotary family (Llama) and one with learned positions (GPT-2)."""
 
+import re
 import warnings
 
 import pytest
@@ -120,3 +121,16 @@ def test_a_loaded_tokenizer_without_a_pad_token_pads_with_its_eos(tmp_path):
     passed = char_tokenizer()
     passed.pad_token = None
     assert TransformerBridge.from_pretrained(str(tmp_path), tokenizer=passed).tokenizer.pad_token is None
+
+
+@pytest.mark.parametrize("where", ["/nonexistent/SmolLM2", "./no/such/model", "~/no-such-folder-35", "missing/a/b"])
+def test_a_missing_local_folder_says_so(where):
+    with pytest.raises(FileNotFoundError, match=re.escape(where) + r"'?: no such folder \(the closest folder that"):
+        TransformerBridge.from_pretrained(where)
+
+
+def test_a_file_in_place_of_the_folder_says_so(tmp_path):
+    weights = tmp_path / "model.gguf"
+    weights.write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"is a file, not a folder.*gguf_file="):
+        TransformerBridge.from_pretrained(str(weights))

@@ -25,7 +25,7 @@ from .distributed import attach_shard_specs, check_tensor_parallel, full_param, 
 from .hooks.points import HookContext, HookPoint, HookRegistry
 from .inputs import PaddingSide, check_attention_mask, is_text, left_padding_mask, mask_for_implementation
 from .layers import StopForward, check_layer, start_at, stop_before
-from .loading import loader_config
+from .loading import check_local_folder, loader_config
 from .running import Input, NamesFilter, Running
 from .sites import attention
 from .sites.build import build_sites
@@ -151,6 +151,7 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
             >>> longer = TransformerBridge.from_pretrained("path/to/SmolLM2", n_ctx=16384)
         """
         device = check_device(device)
+        check_local_folder(name_or_path)
         if device is not None and hf_kwargs.get("device_map") is not None:
             raise ValueError(
                 f"Give `device`={device!s} or `device_map`={hf_kwargs['device_map']!r}, not both: a device map "

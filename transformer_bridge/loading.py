@@ -2,14 +2,46 @@
 ``n_ctx`` (the context length, written to the HF config's own field), ``hf_config_overrides`` (HF config fields)
 and ``load_weights=False`` (the checkpoint's architecture, randomly initialised)."""
 
+import os
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
 from .adapters import adapter_for
 from .checks import describe
+
+
+def check_local_folder(name_or_path: object) -> None:
+    """A name that can only be a local path (absolute, ``./``, ``../``, ``~``, or more than one ``/``: a hub id is
+    ``org/name``) must be a folder; HF would report a missing one as a malformed repo id.
+
+    Example:
+        >>> check_local_folder("HuggingFaceTB/SmolLM2-135M-Instruct")   # a hub id: HF decides
+    """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        return
+    text = os.fspath(name_or_path)
+    if not isinstance(text, str):
+        return
+    path = Path(text).expanduser()
+    if not (path.is_absolute() or text.startswith((".", "~")) or text.count("/") > 1 or "\\" in text):
+        return
+    if path.is_file():
+        raise FileNotFoundError(
+            f"`name_or_path`={text!r} is a file, not a folder: pass the folder that holds it (for a GGUF file, the "
+            f"folder and `gguf_file=`: `from_pretrained({str(path.parent)!r}, gguf_file={path.name!r})`)."
+        )
+    if not path.is_dir():
+        missing = next((p for p in [path, *path.parents] if p.exists()), None)
+        hint = f" (the closest folder that exists is {str(missing)!r})" if missing is not None else ""
+        raise FileNotFoundError(
+            f"`name_or_path`={text!r}: no such folder{hint}. Give the folder of a saved HF model (its config.json "
+            "and weights), or a hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct' already in the HF cache."
+        )
+
 
 # What `AutoConfig.from_pretrained` shares with the model's own loading.
 _CONFIG_KEYWORDS = ("gguf_file", "revision", "trust_remote_code", "cache_dir", "local_files_only", "token")
