@@ -191,3 +191,47 @@ def test_ctrl_c_in_a_real_subprocess_stops_the_generation_and_the_loop_goes_on()
         proc.kill()
     assert proc.returncode == 0, err
     assert "[stopped]" in out and "max_new_tokens=400" in out
+
+
+# -- checks before any model is loaded, the BOS default, a prompt with --interactive -----------------------------
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--cache", "/nonexistent/x.safetensors"],
+            r"--cache '/nonexistent/x.safetensors': no such folder '/nonexistent'",
+        ),
+        (["--cache", "."], r"--cache '\.' is a folder; give a file name in it"),
+        (["--min-new-tokens", "5", "--max-new-tokens", "2"], r"--min-new-tokens 5 is more than --max-new-tokens 2"),
+        (["--interactive", "--cache", "x.safetensors"], r"does not go with --interactive"),
+    ],
+)
+def test_flags_are_checked_before_the_model_is_loaded(flags, message):
+    # The model folder does not exist either: the flags are refused first, before anything is loaded.
+    with pytest.raises(SystemExit, match=message):
+        main(["generate", "/nonexistent/model", "Hello", *flags])
+
+
+def test_a_prompt_given_with_interactive_is_the_first_turn(folder, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\n:quit\n"))
+    main(["generate", str(folder), "Hello", "--interactive", "--max-new-tokens", "4"])
+    out = capsys.readouterr().out
+    model = make_bridge("llama")
+    first, second = model.generate("Hello", max_new_tokens=4), model.generate("Hi", max_new_tokens=4)
+    assert f">>> Hello\n{first}\n" in out and f">>> {second}\n" in out
+
+
+def test_generate_help_states_the_bos_default():
+    help_text = " ".join(_cli("generate", "--help").stdout.split())
+    assert "smollm2" in help_text and "<|im_start|>" in help_text and "--no-prepend-bos" in help_text
+
+
+@pytest.mark.real
+def test_smollm2_text_gets_no_bos_by_default_as_the_readme_advises(smollm2, capsys):
+    prompt = "Once upon a time"  # a prompt whose greedy completion differs with and without the BOS
+    raw, chat = (smollm2.generate(prompt, max_new_tokens=8, prepend_bos=bos) for bos in (False, True))
+    assert raw != chat
+    main(["generate", "smollm2", prompt, "--max-new-tokens", "8"])
+    assert capsys.readouterr().out.rstrip("\n") == raw.rstrip("\n")
+    main(["generate", "smollm2", prompt, "--max-new-tokens", "8", "--prepend-bos"])
+    assert capsys.readouterr().out.rstrip("\n") == chat.rstrip("\n")

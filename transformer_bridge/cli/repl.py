@@ -27,16 +27,24 @@ HELP = (":set NAME VALUE  set an option (e.g. `:set temperature 0.7`, `:set supp
 PROMPT = ">>> "
 
 
-def run_repl(model: BridgeCore, options: dict[str, Any], stdin: TextIO, stdout: TextIO) -> None:
-    """Read prompts and commands from ``stdin`` until it ends (or ``:quit``); print completions to ``stdout``."""
+def run_repl(
+    model: BridgeCore, options: dict[str, Any], stdin: TextIO, stdout: TextIO, first_prompt: str | None = None
+) -> None:
+    """Read prompts and commands from ``stdin`` until it ends (or ``:quit``); print completions to ``stdout``.
+    ``first_prompt`` (the command line's PROMPT) is completed first, as if it were the first line read."""
     options = dict(options)
     streamed = set(not_streamed())
     print(f"transformer-bridge interactive: {type(model.hf_model).__name__}. `:help` for commands.", file=stdout)
+    pending = [] if first_prompt is None else [first_prompt + "\n"]
     while True:
         stdout.write(PROMPT)
         stdout.flush()
         try:
-            line = stdin.readline()
+            if pending:
+                line = pending.pop()
+                stdout.write(line)
+            else:
+                line = stdin.readline()
         except KeyboardInterrupt:  # Ctrl-C at the prompt: a fresh prompt
             stdout.write("\n")
             continue
