@@ -23,6 +23,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..checks import ArgumentIndexError, ArgumentTypeError, ArgumentValueError, check_int, describe, did_you_mean
+from ..convertible import Convertible
 from .shards import Shard, ShardFileError, read_json
 
 MANIFEST = "manifest.json"
@@ -30,13 +31,13 @@ META = {"tokens": "__tokens__", "documents": "__doc__", "positions": "__pos__"}
 FEISTEL_ROUNDS = 4
 
 
-class Rows(Sequence[Tensor]):
+class Rows(Convertible, Sequence[Tensor]):
     """One tensor name across every shard of a store, as one memory-mapped sequence of rows.
 
     ``rows[i]`` is row ``i``; ``rows[a:b]``, ``rows[index_tensor]`` and ``rows[[i, j]]`` gather (a copy of just
     those rows); ``rows.to_tensor()`` reads them all, and so does any other tensor operation (``rows.mean(0)``,
-    ``torch.allclose(rows, x)``). ``shape`` and ``dtype`` are those of the whole; ``parts`` are the shards'
-    memory-mapped views.
+    ``torch.allclose(rows, x)``), and ``torch.as_tensor(rows)`` / ``np.asarray(rows)``. ``shape`` and ``dtype`` are
+    those of the whole; ``parts`` are the shards' memory-mapped views.
 
     Example:
         >>> resid = store.read("blocks.3.hook_resid_post")
@@ -95,6 +96,8 @@ class Rows(Sequence[Tensor]):
         """Every row in one tensor (reads the whole point into memory)."""
         return self.take(torch.arange(len(self)))
 
+    as_tensor = to_tensor
+
     # Anything else a tensor does, on the rows read into one: ``torch.allclose(rows, x)``, ``rows.mean(0)``,
     # ``rows.numpy()``. Indexing first reads only the rows asked for.
     @classmethod
@@ -112,10 +115,6 @@ class Rows(Sequence[Tensor]):
         if name.startswith("_") or name in ("parts", "shards", "offsets", "key", "name"):
             raise AttributeError(name)
         return getattr(self.to_tensor(), name)
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
-        array = self.to_tensor().numpy()
-        return array if dtype is None else array.astype(dtype)
 
     def __repr__(self) -> str:
         return f"Rows({self.name!r}, shape={tuple(self.shape)}, dtype={self.dtype}, shards={len(self.parts)})"

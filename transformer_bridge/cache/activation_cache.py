@@ -10,6 +10,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..convertible import LabelledStack
 from ..hooks.names import HookNames, HookOffError, NotCachedError, tl4_spelling
 from ..utils import get_act_name
 from . import analysis, full, heads, storage
@@ -217,7 +218,9 @@ class ActivationCache(Mapping[str, Tensor]):
             >>> labels[0], labels[-1]
             ('0_pre', 'final_post')
         """
-        return analysis.accumulated_resid(self, layer, incl_mid, apply_ln, pos_slice, mlp_input, return_labels)
+        return _labelled(
+            analysis.accumulated_resid(self, layer, incl_mid, apply_ln, pos_slice, mlp_input, return_labels)
+        )
 
     def decompose_resid(
         self,
@@ -245,7 +248,8 @@ class ActivationCache(Mapping[str, Tensor]):
             >>> torch.allclose(parts.sum(0), cache["resid_post", -1], atol=1e-5)
             True
         """
-        return analysis.decompose_resid(self, layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels)
+        out = analysis.decompose_resid(self, layer, mlp_input, mode, apply_ln, pos_slice, incl_embeds, return_labels)
+        return _labelled(out)
 
     def compute_head_results(self) -> None:
         """Store each layer's ``blocks.L.attn.hook_result`` computed from the cached ``hook_z``.
@@ -279,7 +283,7 @@ class ActivationCache(Mapping[str, Tensor]):
         Example:
             >>> heads, labels = cache.stack_head_results(return_labels=True)   # labels "L0H0", …
         """
-        return heads.stack_head_results(self, layer, return_labels, incl_remainder, pos_slice, apply_ln)
+        return _labelled(heads.stack_head_results(self, layer, return_labels, incl_remainder, pos_slice, apply_ln))
 
     def get_neuron_results(
         self,
@@ -321,10 +325,11 @@ class ActivationCache(Mapping[str, Tensor]):
         Example:
             >>> neurons, labels = cache.stack_neuron_results(1, return_labels=True)   # labels "L0N0", …
         """
-        return heads.stack_neuron_results(
+        out = heads.stack_neuron_results(
             self, layer, pos_slice, neuron_slice, return_labels, incl_remainder, apply_ln, mlp_input,
             project_output_onto,
         )  # fmt: skip
+        return _labelled(out)
 
     def accumulated_bias(
         self, layer: int | None, mlp_input: bool = False, include_mlp_biases: bool = True
@@ -364,9 +369,10 @@ class ActivationCache(Mapping[str, Tensor]):
             >>> parts, labels = cache.get_full_resid_decomposition(return_labels=True)
             >>> attrs = cache.logit_attrs(parts, tokens=model.to_single_token(" Paris"))
         """
-        return full.get_full_resid_decomposition(
+        out = full.get_full_resid_decomposition(
             self, layer, mlp_input, expand_neurons, apply_ln, pos_slice, return_labels, project_output_onto
         )
+        return _labelled(out)
 
     def stack_activation(
         self, activation_name: str, layer: int | None = -1, sublayer_type: str | None = None
@@ -454,6 +460,12 @@ class ActivationCache(Mapping[str, Tensor]):
             >>> cache = ActivationCache.load("acts.safetensors", model)
         """
         return cls(model=model, **storage.load(path, device))
+
+
+def _labelled(out: Any) -> Any:
+    """A ``(stack, labels)`` pair as a `LabelledStack`, which ``torch.as_tensor`` / ``np.asarray`` read as the stack;
+    a bare stack as it is."""
+    return LabelledStack(*out) if isinstance(out, tuple) else out
 
 
 def _layers_in(names: Iterable[str]) -> int:

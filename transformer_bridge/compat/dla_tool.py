@@ -35,6 +35,7 @@ from torch import Tensor
 from ..cache.activation_cache import ActivationCache
 from ..cache.pos_slice import PosSlice, check_pos_slice
 from ..checks import ArgumentTypeError, ArgumentValueError, describe, is_int
+from ..convertible import Convertible
 from ..core import BridgeCore
 from .weights import b_U
 
@@ -49,7 +50,7 @@ _READS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_embed", "
 
 
 @dataclass
-class DirectLogitAttribution:
+class DirectLogitAttribution(Convertible):
     """What `direct_logit_attribution` returns.
 
     ``attribution`` is ``[component, *batch_and_pos]``, aligned with ``labels``: ``[component, batch]`` for one
@@ -64,6 +65,10 @@ class DirectLogitAttribution:
     attribution: Float[Tensor, "component *batch_and_pos"]
     labels: list[str]
     unit: str
+
+    def as_tensor(self) -> Tensor:
+        """``attribution``: what ``torch.as_tensor(res)`` and ``np.asarray(res)`` give."""
+        return self.attribution
 
     def top(self, k: int = 5) -> list[tuple[str, float]]:
         """The ``k`` largest attributions as ``(label, value)``, largest first; a component's value is its mean

@@ -7,6 +7,8 @@ from typing import Literal
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..convertible import Convertible
+
 FinishReason = Literal["length", "eos", "stop_string", "max_time", "stopping_criteria", "controller", "max_steps"]
 # Index = the code the decode loop keeps per row on the device; 0 ("length") is "still running at the end".
 FINISH_REASONS: tuple[FinishReason, ...] = (
@@ -15,7 +17,7 @@ FINISH_REASONS: tuple[FinishReason, ...] = (
 
 
 @dataclass
-class GenerationOutput:
+class GenerationOutput(Convertible):
     """Result of `generate(..., return_dict=True)` or `generate(..., return_dict_in_generate=True)`.
 
     Rows are the prompts (times ``num_return_sequences``). ``sequences`` is the left-padded prompt
@@ -81,3 +83,7 @@ class GenerationOutput:
 
     def __len__(self) -> int:
         return self.sequences.shape[0]
+
+    def as_tensor(self) -> Tensor:
+        """``sequences``: what ``torch.as_tensor(out)`` and ``np.asarray(out)`` give."""
+        return self.sequences

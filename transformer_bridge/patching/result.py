@@ -19,6 +19,7 @@ from torch import Tensor
 
 from .. import optional
 from ..checks import ArgumentValueError, check_int
+from ..convertible import Convertible
 from ..utils.statistics import derive_generator
 
 ALTERNATIVES = ("two-sided", "greater", "less")
@@ -121,7 +122,7 @@ def sign_flip_pvalue(
 
 
 @dataclass
-class PatchingResult:
+class PatchingResult(Convertible):
     """Patched metric values per cell, per example (``reduced`` False) or averaged, with statistics on top.
 
     Returned by `generic_activation_patch` and every ``get_act_patch_*`` function when ``reduce="none"``,
@@ -145,6 +146,10 @@ class PatchingResult:
     baseline: Tensor | None = None
     has_metric_axis: bool = False
     patch_type_names: list[str] | None = None
+
+    def as_tensor(self) -> Tensor:
+        """``values``: what ``torch.as_tensor(result)`` and ``np.asarray(result)`` give."""
+        return self.values
 
     @property
     def index_df(self) -> Any:

@@ -11,6 +11,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .. import viz
+from ..convertible import Convertible
 from .targets import ExplainedToken
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class MethodOutput:
 
 
 @dataclass
-class StepRelevance:
+class StepRelevance(Convertible):
     """The explanation of one token.
 
     Attributes:
@@ -62,6 +63,10 @@ class StepRelevance:
     target_value: float | None = None
     conservation_error: float | None = None
 
+    def as_tensor(self) -> Tensor:
+        """``relevance``: what ``torch.as_tensor(step)`` and ``np.asarray(step)`` give."""
+        return self.relevance
+
     def top(self, k: int = 5, by: TopBy = "value") -> list[tuple[str, float]]:
         """The ``k`` top sources (token strings or labels) with their (signed) scores.
 
@@ -83,7 +88,7 @@ class StepRelevance:
 
 
 @dataclass
-class Relevance(Sequence[StepRelevance]):
+class Relevance(Convertible, Sequence[StepRelevance]):
     """Relevance of the explained tokens: one `StepRelevance` per token, plus the full matrix.
 
     ``scores`` is ``[explained, pos]`` over the columns of ``tokens`` (0 on padding and on positions at
@@ -113,6 +118,10 @@ class Relevance(Sequence[StepRelevance]):
 
     def __len__(self) -> int:
         return len(self.explained)
+
+    def as_tensor(self) -> Tensor:
+        """``scores``: what ``torch.as_tensor(rel)`` and ``np.asarray(rel)`` give."""
+        return self.scores
 
     def __getitem__(self, i: int) -> StepRelevance:  # type: ignore[override]
         if not -len(self) <= i < len(self):
