@@ -46,8 +46,6 @@ from transformer_bridge.compat.factored import FactoredMatrix
 # Differences kept on purpose: name -> why. The checks below assert each one as stated; anything else that
 # differs fails the run.
 KNOWN = {
-    "Slice": "a negative int's `indices(max_ctx)` is resolved against `max_ctx` (`Slice(-1).indices(5)` is [4], TL's "
-    "[-1]), as TL resolves a negative list entry or slice bound",
     "LocallyOverridenDefaults": "`padding_side` sets `model.cfg.default_padding_side`, which the bridge reads "
     "(TL sets `model.tokenizer.padding_side`)",
     "tokenize_and_concatenate": "a tokenizer without a pad token is not given one (TL adds `<PAD>` to it); the rows "
@@ -350,7 +348,7 @@ def output_checks(model: TransformerBridge) -> dict[str, Callable[[], list[bool]
         ]
         out = [same(tl.Slice(s).apply(x, dim=d), ours.Slice(s).apply(x, dim=d)) for s in inputs for d in (1, -1)]
         out += [same(tl.Slice(s).indices(4), ours.Slice(s).indices(4)) for s in inputs[1:]]
-        out.append(tl.Slice(-1).indices(4).tolist() == [-1] and ours.Slice(-1).indices(4).tolist() == [3])  # KNOWN
+        out.append(tl.Slice(-1).indices(4).tolist() == ours.Slice(-1).indices(4).tolist() == [-1])
         out += [same(tl.Slice.unwrap(s).apply(x, 1), ours.Slice.unwrap(s).apply(x, 1)) for s in inputs]
         return out
 

@@ -4,12 +4,18 @@
 TransformerLens' ``HookedTransformer.from_pretrained`` processes the weights by default (``fold_ln``,
 ``center_writing_weights``, ``center_unembed``, ``fold_value_biases``), so this one does too; everything else is
 `TransformerBridge`'s, whose own ``from_pretrained`` keeps the weights as HF ships them.
-``from_pretrained_no_processing`` loads them unprocessed, as in TransformerLens.
+``from_pretrained_no_processing`` loads them unprocessed, as in TransformerLens. Likewise ``generate`` samples by
+default, from the whole distribution at temperature 1, as TransformerLens' does (`TransformerBridge.generate` is
+greedy unless asked, as HF's); any sampling argument given is used as it is.
 """
 
+import functools
 from typing import Any
 
 from .bridge import TransformerBridge
+
+# Any of these given: the caller chose how to decode, and TransformerLens' defaults stay out.
+_SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "freq_penalty")
 
 __all__ = ["HookedTransformer"]
 
@@ -48,6 +54,12 @@ class HookedTransformer(TransformerBridge):
             refactor_factored_attn_matrices=refactor_factored_attn_matrices,
             **kwargs,
         )
+
+    @functools.wraps(TransformerBridge.generate)
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        if not any(k in kwargs for k in _SAMPLING):
+            kwargs = {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": 1.0, **kwargs}
+        return super().generate(*args, **kwargs)
 
     @classmethod
     def from_pretrained_no_processing(cls, name_or_path: str, *args: Any, **kwargs: Any) -> Any:

@@ -101,3 +101,18 @@ def test_evals_that_download_say_so(fn):
     with pytest.raises(evals.DatasetDownloadError, match="load_dataset"):
         fn(None)
     assert issubclass(evals.DatasetDownloadError, RuntimeError)
+
+
+def test_hooked_transformer_samples_by_default_as_tl():
+    """TransformerLens' generate samples (whole distribution, temperature 1); `TransformerBridge.generate` is HF's
+    greedy default; `HookedTransformer` gives TransformerLens' behaviour, and a sampling argument given wins."""
+    bridge = make_bridge("llama")
+    model = transformer_bridge.HookedTransformer(bridge.hf_model)
+    prompt = torch.tensor([[5, 17, 3]])
+    torch.manual_seed(0)
+    sampled = model.generate(prompt, max_new_tokens=6)
+    torch.manual_seed(0)
+    want = bridge.generate(prompt, max_new_tokens=6, do_sample=True, top_k=0, top_p=1.0, temperature=1.0)
+    assert torch.equal(sampled, want)
+    greedy = model.generate(prompt, max_new_tokens=6, do_sample=False)
+    assert torch.equal(greedy, bridge.generate(prompt, max_new_tokens=6))

@@ -258,7 +258,7 @@ def test_slice_modes():
     assert torch.equal(utils.Slice(mask).apply(x, dim=1), x[:, mask])
     assert utils.Slice(np.array([False, True, True])).indices(3).tolist() == [1, 2]
     assert utils.Slice((None, None, 2)).indices(5).tolist() == [0, 2, 4]
-    assert utils.Slice(-1).indices(4).tolist() == [3] and utils.Slice(-1).indices().tolist() == [-1]
+    assert utils.Slice(-1).indices(4).tolist() == [-1] and utils.Slice(-1).indices().tolist() == [-1]  # as TL
     assert utils.Slice([-1]).indices(4).tolist() == [3]
     assert torch.equal(utils.Slice.unwrap(1).apply(x), x[[1]])  # an int keeps its axis through unwrap
     s = utils.Slice(slice(1, None))

@@ -79,15 +79,16 @@ class Slice:
         return tensor[(slice(None),) * (dim % tensor.dim()) + (self.slice,)]
 
     def indices(self, max_ctx: int | None = None) -> np.ndarray:
-        """The selected indices as an int64 array (``max_ctx``: the axis length, needed for slices; a negative
-        int is resolved against it, as a negative list entry or slice bound is).
+        """The selected indices as an int64 array (``max_ctx``: the axis length, needed for slices and lists). As in
+        TransformerLens, an int is returned as given (``Slice(-1).indices(5)`` is ``[-1]``), while a negative list
+        entry or slice bound is resolved against ``max_ctx``.
 
         Example:
             >>> Slice(-1).indices(5), Slice([0, -1]).indices(5)
-            (array([4]), array([0, 4]))
+            (array([-1]), array([0, 4]))
         """
         if self.mode == "int":
-            return np.array([self.slice % max_ctx if max_ctx else self.slice], dtype=np.int64)
+            return np.array([self.slice], dtype=np.int64)
         if max_ctx is None:
             raise ValueError(f"`max_ctx` (the axis length) is needed to list the indices of {self!r}.")
         return np.arange(max_ctx, dtype=np.int64)[self.slice.cpu().numpy() if self.mode == "array" else self.slice]
