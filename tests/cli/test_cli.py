@@ -235,3 +235,17 @@ def test_smollm2_text_gets_no_bos_by_default_as_the_readme_advises(smollm2, caps
     assert capsys.readouterr().out.rstrip("\n") == raw.rstrip("\n")
     main(["generate", "smollm2", prompt, "--max-new-tokens", "8", "--prepend-bos"])
     assert capsys.readouterr().out.rstrip("\n") == chat.rstrip("\n")
+
+
+def test_help_answers_at_once_without_torch():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    probe = ("import sys, transformer_bridge.cli.main as m; m.parser().format_help(); "
+             "print(sorted(k for k in sys.modules if k.split('.')[0] in ('torch', 'transformers')))")  # fmt: skip
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
+    for args in (["--help"], ["generate", "--help"]):
+        start = time.perf_counter()
+        out = _cli(*args)
+        seconds = time.perf_counter() - start
+        assert out.returncode == 0 and "usage: transformer-bridge" in out.stdout, out.stderr
+        assert seconds < 1.5, f"`python -m transformer_bridge {' '.join(args)}` took {seconds:.2f} s"

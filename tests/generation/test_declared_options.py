@@ -8,6 +8,8 @@ from pathlib import Path
 
 from transformer_bridge import TransformerBridge
 from transformer_bridge.generation import _NOT_STREAMED, generate
+from transformer_bridge.generation import declare as declare_module
+from transformer_bridge.generation.builders import BUILDERS
 from transformer_bridge.generation.declare import BY_NAME, CONFIG_FIELDS, OPTIONS, PROCESSORS, markdown_table
 from transformer_bridge.generation.keywords import UNSUPPORTED
 from transformer_bridge.generation.signature import POSITIONAL, GenerateOptions
@@ -57,3 +59,9 @@ def test_the_docs_option_table_is_the_declaration():
     table = re.search(r"<!-- options-table: begin -->\n(.*?)\n<!-- options-table: end -->", text, re.S)
     assert table is not None, "docs/generation.md lacks the option table markers"
     assert table.group(1) == markdown_table(), "regenerate: python scripts/options_table.py"
+
+
+def test_every_processor_option_has_its_builder_and_the_table_needs_no_torch():
+    assert sorted(BUILDERS) == sorted(o.name for o in PROCESSORS)
+    source = Path(declare_module.__file__).read_text()
+    assert "import torch" not in source and "from torch" not in source

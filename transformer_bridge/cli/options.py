@@ -9,11 +9,11 @@ Example:
 """
 
 import argparse
+import difflib
 import json
 from collections.abc import Callable
 from typing import Any
 
-from ..checks import did_you_mean
 from ..generation.declare import OPTIONS, Option
 
 CLI_OPTIONS: tuple[Option, ...] = tuple(o for o in OPTIONS if o.cli is not None)
@@ -85,7 +85,9 @@ def parse_setting(text: str) -> tuple[str, Any]:
     name = name.strip().lstrip("-").replace("-", "_")
     option = BY_FLAG.get(name)
     if option is None:
-        raise ValueError(f"unknown option {name!r}.{did_you_mean(name, BY_FLAG)} `:options` lists them.")
+        close = difflib.get_close_matches(name, list(BY_FLAG), n=1)  # `checks.did_you_mean`'s words, without torch
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown option {name!r}.{hint} `:options` lists them.")
     value = value.strip()
     if not value:
         return option.name, None

@@ -9,8 +9,9 @@ the command line's flags (`cli/options.py`), and the option table of docs/genera
 order and defaults.
 
 Adding an option: one `Option` here, plus its implementation in one place (a processor class in
-``processors.py`` / ``hf_processors.py`` named by ``build``, a warper in ``sampling.warp_logits``, or the
-loop feature it switches), plus the parameter in `generate`'s signature (the test names what is missing).
+``processors.py`` / ``hf_processors.py`` built by its entry in ``builders.BUILDERS``, a warper in
+``sampling.warp_logits``, or the loop feature it switches), plus the parameter in `generate`'s signature (the test
+names what is missing). This module imports no torch: the command line reads it for its flags.
 
 Paths (the loops and features an option combines with): ``eager`` (the plain KV-cached loop), ``compiled``
 (``compile=True`` / a static cache), ``stream`` (`generate_stream`), ``lookup`` (``prompt_lookup_num_tokens``),
@@ -18,43 +19,11 @@ Paths (the loops and features an option combines with): ``eager`` (the plain KV-
 """
 
 import textwrap
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from . import hf_processors as hfp
-from .processors import (
-    BadWords,
-    FrequencyPresencePenalty,
-    HFProcessors,
-    LogitBias,
-    MinNewTokens,
-    NoRepeatNGram,
-    Processor,
-    RepetitionPenalty,
-)
-
 PATHS = ("eager", "compiled", "stream", "lookup", "assistant", "controller", "beams")
 ALL = frozenset(PATHS)
-
-
-@dataclass(frozen=True)
-class Context:
-    """What a processor's builder may read besides its own value."""
-
-    prompt_width: int
-    max_new_tokens: int
-    eos_token_ids: list[int]
-    d_vocab: int | None
-    forced_bos_token_id: int | None
-    temperature: float
-    greedy: bool
-    device: torch.device
-
-
-Build = Callable[[Any, Context], Processor | None]
 
 
 @dataclass(frozen=True)
@@ -74,8 +43,8 @@ class Option:
         elsewhere: what to do instead on the paths it lacks.
         cli: its command-line type (`cli/options.py`): ``int``, ``float``, ``bool``, ``str``, ``ints`` (a list of
             token ids), ``strs``, ``json``; None: no flag (tensors, callables, objects).
-        build: for a logits processor: ``build(value, context)`` returns it (None at a neutral value);
-            ``order`` places it in HF's processor order.
+        order: for a logits processor (its builder is ``builders.BUILDERS[name]``): its place in HF's processor
+            order; 0 for other options.
     """
 
     name: str
@@ -89,53 +58,7 @@ class Option:
     paths: frozenset[str] = ALL
     elsewhere: str = ""
     cli: str | None = None
-    build: Build | None = None
     order: int = 0
-
-
-# -- processor builders: the option's value → its processor (None: neutral, adds nothing) -----------------------
-def _logit_bias(value: Any, c: Context) -> Processor | None:
-    return LogitBias(value, c.d_vocab) if value else None
-
-
-def _repetition(value: Any, c: Context) -> Processor | None:
-    penalty = RepetitionPenalty(value)
-    return penalty if penalty.penalty != 1.0 else None
-
-
-def _frequency(value: Any, c: Context) -> Processor | None:
-    penalty = FrequencyPresencePenalty(value, 0.0, c.prompt_width)
-    return penalty if penalty.frequency_penalty else None
-
-
-def _presence(value: Any, c: Context) -> Processor | None:
-    penalty = FrequencyPresencePenalty(0.0, value, c.prompt_width)
-    return penalty if penalty.presence_penalty else None
-
-
-def _no_repeat(value: Any, c: Context) -> Processor | None:
-    return NoRepeatNGram(value) if hfp.check_size("no_repeat_ngram_size", value) else None
-
-
-def _bad_words(value: Any, c: Context) -> Processor | None:
-    return BadWords(value, c.d_vocab) if not (isinstance(value, Sequence) and len(value) == 0) else None
-
-
-def _min_new(value: Any, c: Context) -> Processor | None:
-    steps = MinNewTokens(value, c.eos_token_ids, c.prompt_width)
-    return steps if steps.min_new_tokens > 0 and c.eos_token_ids else None
-
-
-def _user_processors(value: Any, c: Context) -> Processor | None:
-    return HFProcessors.of(value)
-
-
-def _tl_freq_penalty(value: Any, c: Context) -> Processor | None:
-    # TransformerLens subtracts `freq_penalty * count` after dividing by the temperature; subtracting
-    # `freq_penalty * temperature * count` before it is the same, and keeps the warpers pure.
-    if c.greedy or not value:
-        return None
-    return FrequencyPresencePenalty(value * c.temperature, 0.0, prompt_length=0)
 
 
 _PROMPT, _LENGTH, _CACHE = "prompt", "lengths", "cache"
@@ -173,7 +96,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_length", None, "HF's total length (the padded prompt counts); ``max_new_tokens`` wins, with "
            "HF's warning.", _LENGTH, config=True, cli="int"),
     Option("min_new_tokens", None, "EOS is banned until this many tokens were generated.", _LENGTH, config=True,
-           cli="int", build=_min_new, order=60),
+           cli="int", order=60),
     Option("min_length", None, "HF's total minimum length (the padded prompt counts); ``min_new_tokens`` wins.",
            _LENGTH, config=True, cli="int"),
     # -- cache -----------------------------------------------------------------------------------------------------
@@ -185,38 +108,38 @@ OPTIONS: tuple[Option, ...] = (
            elsewhere="a static cache and speculative decoding need the KV cache."),
     # -- logits processors, in HF's order (`order`) -------------------------------------------------------------
     Option("logit_bias", None, "``{token: bias}`` added to those tokens' scores at every step (``-inf`` bans).",
-           _PROCESS, source="openai", cli="json", build=_logit_bias, order=10),
+           _PROCESS, source="openai", cli="json", order=10),
     Option("sequence_bias", None, "HF's ``{(token, ...): bias}`` (or ``[[[tokens], bias], ...]``): the bias is added "
            "to a sequence's last token when the rest of it ends the row.", _PROCESS, config=True, cli="json",
-           build=hfp.sequence_bias, order=11),
+           order=11),
     Option("repetition_penalty", None, "HF's repetition penalty over prompt and generated tokens (padding never): "
-           "> 1 discourages repeats.", _PROCESS, config=True, cli="float", build=_repetition, order=20),
+           "> 1 discourages repeats.", _PROCESS, config=True, cli="float", order=20),
     Option("frequency_penalty", None, "OpenAI's: ``penalty * count`` off each token's score, counting generated "
-           "tokens.", _PROCESS, source="openai", cli="float", build=_frequency, order=30),
+           "tokens.", _PROCESS, source="openai", cli="float", order=30),
     Option("presence_penalty", None, "OpenAI's: ``penalty`` off the score of each token generated at least once.",
-           _PROCESS, source="openai", cli="float", build=_presence, order=31),
+           _PROCESS, source="openai", cli="float", order=31),
     Option("no_repeat_ngram_size", None, "ban tokens that would repeat an n-gram of this size (prompt included).",
-           _PROCESS, config=True, cli="int", build=_no_repeat, order=40),
+           _PROCESS, config=True, cli="int", order=40),
     Option("bad_words_ids", None, "token sequences never generated: ``[[42], [7, 9]]`` bans 42, and 9 after 7.",
-           _PROCESS, config=True, cli="json", build=_bad_words, order=50),
+           _PROCESS, config=True, cli="json", order=50),
     Option("forced_bos_token_id", None, "HF's: the token forced as the first generated one when the prompt is one "
-           "token long.", _PROCESS, config=True, cli="int", build=hfp.forced_bos, order=70),
+           "token long.", _PROCESS, config=True, cli="int", order=70),
     Option("forced_eos_token_id", None, "HF's: the token (or tokens) forced at the last position ``max_new_tokens`` "
-           "allows.", _PROCESS, config=True, cli="ints", build=hfp.forced_eos, order=71),
+           "allows.", _PROCESS, config=True, cli="ints", order=71),
     Option("remove_invalid_values", None, "HF's: NaN scores become 0 and ±inf the dtype's extremes (a guard for "
-           "numerically unstable models).", _PROCESS, config=True, cli="bool", build=hfp.remove_invalid, order=72),
+           "numerically unstable models).", _PROCESS, config=True, cli="bool", order=72),
     Option("exponential_decay_length_penalty", None, "HF's ``(start_index, decay_factor)``: after ``start_index`` "
            "new tokens, EOS scores grow by ``decay_factor`` per token.", _PROCESS, config=True, cli="json",
-           build=hfp.exponential_decay, order=73),
+           order=73),
     Option("suppress_tokens", None, "HF's: token ids whose scores are ``-inf`` at every step.", _PROCESS,
-           config=True, cli="ints", build=hfp.suppress, order=74),
+           config=True, cli="ints", order=74),
     Option("begin_suppress_tokens", None, "HF's: token ids suppressed at the first generated position only.",
-           _PROCESS, config=True, cli="ints", build=hfp.begin_suppress, order=75),
+           _PROCESS, config=True, cli="ints", order=75),
     Option("logits_processor", None, "HF ``LogitsProcessor`` objects (or any ``f(input_ids, scores) -> scores``), "
-           "run after the processors above.", _PROCESS, build=_user_processors, order=80),
+           "run after the processors above.", _PROCESS, order=80),
     Option("freq_penalty", None, "TransformerLens' penalty when sampling: ``freq_penalty * count`` off each "
            "token's temperature-scaled logit, counting prompt and generated tokens (padding never).", _PROCESS,
-           source="tl", cli="float", build=_tl_freq_penalty, order=90),
+           source="tl", cli="float", order=90),
     Option("renormalize_logits", None, "HF's: the final scores (after the warpers) are log-softmaxed, so "
            "``output_scores`` are log-probabilities.", _PROCESS, config=True, cli="bool"),
     # -- sampling ----------------------------------------------------------------------------------------------------
@@ -327,7 +250,7 @@ BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 # Options resolved as HF resolves a GenerationConfig field (keyword, caller's config, model's config, default).
 CONFIG_FIELDS: tuple[str, ...] = tuple(o.name for o in OPTIONS if o.config)
 # The logits processors, in HF's order.
-PROCESSORS: tuple[Option, ...] = tuple(sorted((o for o in OPTIONS if o.build is not None), key=lambda o: o.order))
+PROCESSORS: tuple[Option, ...] = tuple(sorted((o for o in OPTIONS if o.order), key=lambda o: o.order))
 
 
 def not_streamed() -> dict[str, str]:
@@ -358,5 +281,5 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
-__all__ = ["ALL", "BY_NAME", "CONFIG_FIELDS", "OPTIONS", "PATHS", "PROCESSORS", "Context", "Option",
+__all__ = ["ALL", "BY_NAME", "CONFIG_FIELDS", "OPTIONS", "PATHS", "PROCESSORS", "Option",
            "markdown_table", "not_streamed", "render_args"]  # fmt: skip

@@ -8,7 +8,7 @@ see the padded ``input_ids`` as inside HF's ``generate``. Their arguments are ch
 raises naming the option before any forward (`declare.OPTIONS` lists them; `sampler.build_sampler` calls these).
 
 Example:
-    >>> from transformer_bridge.generation.declare import Context
+    >>> from transformer_bridge.generation.builders import Context
     >>> c = Context(prompt_width=3, max_new_tokens=4, eos_token_ids=[2], d_vocab=99, forced_bos_token_id=None,
     ...             temperature=1.0, greedy=True, device=torch.device("cpu"))
     >>> suppress([5, 6], c)(torch.tensor([[1, 2, 3]]), torch.zeros(1, 99))[0, 5]

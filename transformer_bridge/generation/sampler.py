@@ -22,7 +22,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..checks import check_bool
-from .declare import PROCESSORS, Context
+from .builders import BUILDERS, Context
+from .declare import PROCESSORS
 from .processors import ProcessorList, check_prompt_length, eos_list
 from .sampling import draw, warp_logits
 
@@ -165,7 +166,7 @@ def build_processors(
     for option in PROCESSORS:
         value = options.get(option.name)
         if value is not None:
-            processor = option.build(value, context)  # type: ignore[misc]
+            processor = BUILDERS[option.name](value, context)
             if processor is not None:
                 processors.append(processor)
     return processors
