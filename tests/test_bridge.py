@@ -36,16 +36,18 @@ def test_string_and_list_inputs(bridge):
         assert torch.equal(bridge(text), bridge.hf_model(tokens).logits)
 
 
-def test_left_padded_batch_rows_equal_single_runs(bridge):
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_batch_rows_equal_single_runs(bridge, side):
+    """A list of texts is laid out as `to_tokens` lays it out (right padding by default, as TransformerLens) or
+    as ``padding_side`` says; either way each row's real positions are that row run alone."""
     texts = ["Hi", "The capital of France is", "abc def"]
-    _, mask = bridge.to_tokens_and_mask(texts, padding_side="left")
-    assert (mask[:, -1] == 1).all() and mask[0, 0] == 0  # left padding
+    _, mask = bridge.to_tokens_and_mask(texts, padding_side=side)
+    assert mask[0, -1 if side == "right" else 0] == 0 and mask[1].all()
     with torch.no_grad():
-        batch = bridge(texts)
+        batch = bridge(texts) if side == "right" else bridge(texts, padding_side=side)
         for i, text in enumerate(texts):
             alone = bridge(text)[0]
-            n = alone.shape[0]
-            torch.testing.assert_close(batch[i, -n:], alone, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(batch[i][mask[i].bool()], alone, atol=1e-5, rtol=1e-5)
 
 
 def test_token_inputs_with_mask_and_1d(bridge):
