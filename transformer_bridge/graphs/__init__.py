@@ -10,6 +10,23 @@ What it may import: the core bridge and its public hook / cache surface (`hook_d
 `hook.ctx`) and the public `generate`; never generation internals, relevance or compat.
 """
 
+from .attribute import attribute
+from .graph import Graph
+from .influence import Pruned, node_influence, prune, scores
+from .replacement import freeze_hooks, replacement_hooks, replacement_logits
+from .targets import Target
 from .transcoders import TranscoderSet
 
-__all__ = ["TranscoderSet"]
+__all__ = [
+    "Graph",
+    "Pruned",
+    "Target",
+    "TranscoderSet",
+    "attribute",
+    "freeze_hooks",
+    "node_influence",
+    "prune",
+    "replacement_hooks",
+    "replacement_logits",
+    "scores",
+]
