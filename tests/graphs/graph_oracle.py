@@ -13,11 +13,11 @@ class FrozenByValue:
     def __init__(self, model, tc: TranscoderSet, graph: Graph):
         self.model, self.tc, self.graph = model, tc, graph
         self.tokens = graph.tokens[None]
-        names = frozen_points(model) + ["hook_embed"]
+        names = [*frozen_points(model), "hook_embed"]
         names += [tc.input_point(layer) for layer in range(tc.n_layers)]
         names += [tc.output_point(layer) for layer in range(tc.n_layers)]
         with torch.no_grad():
-            _, self.cache = model.run_with_cache(self.tokens, names_filter=names + ["unembed.hook_out"])
+            _, self.cache = model.run_with_cache(self.tokens, names_filter=[*names, "unembed.hook_out"])
         self.frozen = frozen_points(model)
         self.base = self._measure({})
 
@@ -61,8 +61,8 @@ class FrozenByValue:
             return out
 
         if info["kind"] == "feature":
-            return {tc.output_point(out): at(info["pos"], info["activation"] * tc.decoder(info["layer"], out)[info["feature"]].detach())
-                    for out in tc.writes_to(info["layer"])}  # fmt: skip
+            scaled = lambda out: info["activation"] * tc.decoder(info["layer"], out)[info["feature"]].detach()  # noqa: E731
+            return {tc.output_point(out): at(info["pos"], scaled(out)) for out in tc.writes_to(info["layer"])}
         if info["kind"] == "error":
             layer, pos = info["layer"], info["pos"]
             name = tc.output_point(layer)

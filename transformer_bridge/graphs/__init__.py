@@ -13,17 +13,20 @@ What it may import: the core bridge and its public hook / cache surface (`hook_d
 from .attribute import attribute
 from .graph import Graph
 from .influence import Pruned, node_influence, prune, scores
+from .interventions import Intervention, intervention_hooks
 from .replacement import freeze_hooks, replacement_hooks, replacement_logits
 from .targets import Target
 from .transcoders import TranscoderSet
 
 __all__ = [
     "Graph",
+    "Intervention",
     "Pruned",
     "Target",
     "TranscoderSet",
     "attribute",
     "freeze_hooks",
+    "intervention_hooks",
     "node_influence",
     "prune",
     "replacement_hooks",

@@ -177,8 +177,9 @@ def attribute(
         target_pos=torch.tensor([t.pos for t in tlist], dtype=torch.long),
         target_tokens=torch.tensor([-1 if t.token is None else t.token for t in tlist], dtype=torch.long),
         target_weights=weights,
-        target_labels=[t.label or (str(t.token) if t.token is not None else f"direction {i}")
-                       for i, t in enumerate(tlist)],  # fmt: skip
+        target_labels=[
+            t.label or (str(t.token) if t.token is not None else f"direction {i}") for i, t in enumerate(tlist)
+        ],
         edge_index=torch.stack([r[keep], c[keep]]),
         edge_weight=edge_vals[keep].float(),
         meta=meta,

@@ -15,6 +15,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from . import export, viz
+from . import influence as _influence
+
 
 @dataclass
 class Graph:
@@ -130,6 +133,30 @@ class Graph:
         """The weight of edge source → target (0 where none was kept)."""
         hit = ((self.edge_index[0] == target) & (self.edge_index[1] == source)).nonzero()
         return float(self.edge_weight[hit[0, 0]]) if len(hit) else 0.0
+
+    def influence(self) -> Float[Tensor, " node"]:
+        """Each node's influence on the weighted targets (see `influence.node_influence`)."""
+        return _influence.node_influence(self)
+
+    def prune(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> _influence.Pruned:
+        """Node and edge masks that keep the given shares of influence (see `influence.prune`)."""
+        return _influence.prune(self, node_threshold, edge_threshold)
+
+    def scores(self) -> tuple[float, float]:
+        """``(replacement, completeness)`` scores (see `influence.scores`)."""
+        return _influence.scores(self)
+
+    def to_json(self, path: str | Path, **kwargs) -> Path:
+        """Write circuit-tracer's graph JSON (what Neuronpedia's viewer reads), pruned; see `export.graph_json`."""
+        return export.to_json(self, path, **kwargs)
+
+    def save_png(self, path: str | Path, **kwargs) -> Path:
+        """Draw the pruned graph into a PNG (see `viz.save_png`)."""
+        return viz.save_png(self, path, **kwargs)
+
+    def to_html(self, path: str | Path, **kwargs) -> Path:
+        """Write the pruned graph as a self-contained HTML page (see `viz.to_html`)."""
+        return viz.to_html(self, path, **kwargs)
 
     def save(self, path: str | Path) -> None:
         """Write the graph as one safetensors file (tensors, with labels and meta as JSON metadata; no pickle)."""

@@ -11,8 +11,6 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from .graph import Graph
-
 
 def _normalized(rows: Tensor, cols: Tensor, vals: Tensor, n: int) -> Tensor:
     mag = vals.abs().double()
@@ -39,7 +37,7 @@ def partial_influence(rows: Tensor, cols: Tensor, vals: Tensor, weights: Tensor,
     return _propagate(rows, cols, _normalized(rows, cols, vals, n), start)
 
 
-def node_influence(graph: Graph) -> Float[Tensor, " node"]:
+def node_influence(graph) -> Float[Tensor, " node"]:
     """Each node's influence on the weighted targets."""
     rows, cols = graph.edge_index
     start = torch.zeros(graph.n_nodes, dtype=torch.float64)
@@ -63,7 +61,7 @@ class Pruned(NamedTuple):
     cumulative: Float[Tensor, " node"]
 
 
-def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Pruned:
+def prune(graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Pruned:
     """Keep the nodes that carry ``node_threshold`` of the influence on the targets, then the edges that carry
     ``edge_threshold`` of it, then drop features and errors left without an outgoing (features: or incoming) edge,
     until nothing changes. Tokens and targets are always kept (circuit-tracer's rule).
@@ -108,7 +106,7 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
     return Pruned(node_mask, edge_mask, cumulative.float())
 
 
-def scores(graph: Graph) -> tuple[float, float]:
+def scores(graph) -> tuple[float, float]:
     """``(replacement, completeness)``: the share of token-to-target influence that does not pass through error
     nodes, and the influence-weighted share of each node's input that does not come from error nodes.
 

@@ -75,7 +75,8 @@ def resolve_targets(
                 raise ValueError("the generation has no generated token to explain")
             # each generated token, read where it was predicted
             return [Target(p - 1, int(seq.tokens[p]), label=_label(tokenizer, int(seq.tokens[p])),
-                           weight=float(probs[p - 1, seq.tokens[p]])) for p in range(seq.prompt_length, n_pos)]  # fmt: skip
+                           weight=float(probs[p - 1, seq.tokens[p]]))
+                    for p in range(seq.prompt_length, n_pos)]  # fmt: skip
         positions = [n_pos - 1]
     positions = [p + n_pos if p < 0 else p for p in ([positions] if isinstance(positions, int) else positions)]
     if any(not 0 <= p < n_pos for p in positions):
@@ -86,7 +87,7 @@ def resolve_targets(
             top_p, top_i = probs[p].topk(min(max_n_logits, probs.shape[-1]))
             keep = int(torch.searchsorted(top_p.cumsum(0), torch.tensor(desired_logit_prob))) + 1
             out += [Target(p, int(t), label=_label(tokenizer, int(t)), weight=float(w))
-                    for t, w in zip(top_i[:keep], top_p[:keep])]  # fmt: skip
+                    for t, w in zip(top_i[:keep], top_p[:keep], strict=False)]  # fmt: skip
         return out
     if isinstance(targets, (Tensor, list)) and all(not isinstance(t, Target) for t in targets):
         ids = torch.as_tensor(targets).reshape(-1).tolist()
@@ -103,9 +104,7 @@ def _label(tokenizer, token: int) -> str:
     return tokenizer.decode([token]) if tokenizer is not None else str(token)
 
 
-def target_vectors(
-    targets: list[Target], unembed: Float[Tensor, "d_vocab d_model"]
-) -> Float[Tensor, "target d_model"]:
+def target_vectors(targets: list[Target], unembed: Float[Tensor, "d_vocab d_model"]) -> Float[Tensor, "target d_model"]:
     """Each target's direction at the unembedding's input: ``W_U[t] - mean(W_U)`` for a token, ``d @ W_U`` for a
     vocabulary direction ``d`` (the frozen final norm makes the logit linear in the residual stream)."""
     mean = unembed.mean(0)

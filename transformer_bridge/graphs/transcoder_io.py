@@ -27,7 +27,7 @@ def _bridge_point(name: str) -> str:
 
 
 def write_folder(tc, directory: str | Path) -> Path:
-    """Write ``tc`` (a `TranscoderSet`) in circuit-tracer's folder format (``config.yaml`` + safetensors); returns the folder."""
+    """Write ``tc`` (a `TranscoderSet`) in circuit-tracer's folder format; returns the folder."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     config = {
@@ -91,7 +91,9 @@ def read_folder(directory: str | Path, dtype: torch.dtype = torch.float32) -> di
     config = yaml.safe_load((folder / "config.yaml").read_text())
     kind = config.get("model_kind")
     if kind not in ("transcoder_set", "cross_layer_transcoder"):
-        raise ValueError(f"config.yaml's `model_kind` must be 'transcoder_set' or 'cross_layer_transcoder', got {kind!r}")
+        raise ValueError(
+            f"config.yaml's `model_kind` must be 'transcoder_set' or 'cross_layer_transcoder', got {kind!r}"
+        )
     hooks = dict(input_hook=_bridge_point(config["feature_input_hook"]),
                  output_hook=_bridge_point(config["feature_output_hook"]), scan=config.get("scan"))  # fmt: skip
     top_k = config.get("top_k")
@@ -130,7 +132,8 @@ def _layer_of(name: str) -> tuple[int, str]:
 
 def read_saelens(folders: list[str | Path], dtype: torch.dtype = torch.float32) -> dict:
     """Per-layer transcoders saved by SAELens (one folder per layer: ``cfg.json`` + ``sae_weights.safetensors``),
-    as `TranscoderSet`'s constructor arguments. Architectures ``transcoder``, ``skip_transcoder``, ``jumprelu_transcoder``,
+    as `TranscoderSet`'s constructor arguments. Architectures ``transcoder``, ``skip_transcoder``,
+    ``jumprelu_transcoder``,
     ``jumprelu_skip_transcoder`` (and ``topk`` ones with ``k``); the hook names are read from the config
     (``hook_name`` / ``hook_name_out``, at the top level or under ``metadata``) and must cover layers 0..n-1."""
     by_layer, hooks = {}, set()
@@ -154,7 +157,7 @@ def read_saelens(folders: list[str | Path], dtype: torch.dtype = torch.float32) 
     arch, top_k = layers[0][1], layers[0][2]
     activation = "jumprelu" if "jumprelu" in arch else ("topk" if "topk" in arch or top_k else "relu")
     cast = lambda ts: torch.stack(ts).to(dtype)  # noqa: E731
-    (input_hook, output_hook), = hooks
+    ((input_hook, output_hook),) = hooks
     return dict(
         W_enc=cast([w["W_enc"].T for w, _, _ in layers]), b_enc=cast([w["b_enc"] for w, _, _ in layers]),
         W_dec=cast([w["W_dec"] for w, _, _ in layers]), b_dec=cast([w["b_dec"] for w, _, _ in layers]), kind="plt",

@@ -1,3 +1,4 @@
+# ruff: noqa: N803, N806  (the weights keep the names transcoder files use: W_enc, W_dec, W_skip)
 """`TranscoderSet`: per-layer (PLT) or cross-layer (CLT) transcoders named by the bridge's hook points.
 
 A transcoder of layer ``l`` reads ``blocks.l.<input_hook>`` and writes to ``blocks.l'.<output_hook>``: ``l' = l``
@@ -200,6 +201,12 @@ class TranscoderSet(nn.Module):
         Example:
             >>> tc = TranscoderSet.random(model, kind="clt", d_transcoder=64, activation="jumprelu", seed=1)
         """
+        if kind not in KINDS:
+            raise ValueError(f"`kind` must be one of {KINDS}, got {kind!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"`activation` must be one of {ACTIVATIONS}, got {activation!r}")
+        if not 0.0 < density < 1.0:
+            raise ValueError(f"`density` must be in (0, 1), got {density}")
         cfg = model.cfg
         n_layers, d_model = cfg.n_layers, cfg.d_model
         if input_hook is None:
@@ -236,7 +243,8 @@ class TranscoderSet(nn.Module):
         tc = cls(
             cast(W_enc), cast(b_enc), [cast(w) for w in W_dec] if kind == "clt" else cast(W_dec), cast(b_dec),
             kind=kind, activation=activation, threshold=cast(threshold), top_k=top_k, W_skip=cast(W_skip),
-            input_hook=input_hook, output_hook=output_hook, scan=f"random-{kind}-{activation}-{d_transcoder}-seed{seed}",
+            input_hook=input_hook, output_hook=output_hook,
+            scan=f"random-{kind}-{activation}-{d_transcoder}-seed{seed}",
         )  # fmt: skip
         tc.calibrate(model)
         return tc
