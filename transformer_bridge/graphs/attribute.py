@@ -25,8 +25,9 @@ from .transcoders import TranscoderSet
 class _Forward:
     """The attribution forward's tensors: leaves (sources) and the points target rows are seeded at."""
 
-    def __init__(self, model, tc: TranscoderSet, tokens: Tensor, skip_positions: int):
+    def __init__(self, model, tc: TranscoderSet, tokens: Tensor, skip_positions: int, zero_skipped_errors: bool):
         self.tc, self.inputs, self.leaves, self.acts, self.errors = tc, {}, {}, {}, {}
+        self.zero_skipped = skip_positions if zero_skipped_errors else 0
         hooks = freeze_hooks(model)
         hooks.append(("hook_embed", self._embed))
         hooks.append(("unembed.hook_in", self._unembed))
@@ -56,6 +57,7 @@ class _Forward:
         with torch.no_grad():
             recon = tc.reconstruct([self.acts[i] for i in range(layer + 1)], x[0].to(tc.W_enc.dtype), layer)
             self.errors[layer] = (out[0] - recon.to(out.dtype)).detach()
+            self.errors[layer][: self.zero_skipped] = 0
         self.leaves[layer] = (out - skip).detach().requires_grad_(True)
         return skip + self.leaves[layer]
 
@@ -73,6 +75,7 @@ def attribute(
     max_feature_nodes: int | None = None,
     edges_per_node: int | None = None,
     skip_positions: int = 1,
+    zero_skipped_errors: bool = False,
     update_interval: int = 4,
 ) -> Graph:
     """The attribution graph of ``input`` in the replacement model of ``model`` with ``transcoders``.
@@ -91,6 +94,8 @@ def attribute(
         edges_per_node: keep the largest ``|weight|`` edges per row; None keeps every non-zero edge.
         skip_positions: features of the first positions are not nodes (their MLP output is all error), as
             circuit-tracer drops the first token's.
+        zero_skipped_errors: also zero the error nodes of those positions (circuit-tracer's graphs: the first
+            position's MLP outputs then belong to no node); False keeps them, so the graph stays complete.
 
     Returns:
         A `Graph`: features, error nodes, token nodes and targets, with sparse direct-effect edges.
@@ -107,7 +112,7 @@ def attribute(
     start = time.perf_counter()
     seq: Sequence = as_sequence(model, input)
     tc = transcoders
-    fwd = _Forward(model, tc, seq.tokens, skip_positions)
+    fwd = _Forward(model, tc, seq.tokens, skip_positions, zero_skipped_errors)
     n_layers, n_pos = tc.n_layers, len(seq.tokens)
     tlist = resolve_targets(seq, fwd.logits, targets, positions, max_n_logits, desired_logit_prob,
                             getattr(model, "tokenizer", None))  # fmt: skip
