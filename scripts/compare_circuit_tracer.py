@@ -54,15 +54,10 @@ def ours(work: Path) -> None:
         print(f"ours {name}: {graph.n_features} features, {graph.edge_weight.numel()} edges")
 
 
-def circuit_tracer(work: Path) -> None:
+def ct_setup(work: Path, sizes: dict = SIZES):
+    """circuit-tracer's side of the shared model: the HF Llama saved by ``ours`` as a TransformerLens model's
+    config and weights, and the tokenizer."""
     import torch
-    from circuit_tracer import attribute
-    from circuit_tracer.frontend.graph_models import Model
-    from circuit_tracer.graph import prune_graph
-    from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
-    from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
-    from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
-    from safetensors import safe_open
     from transformer_lens import HookedTransformerConfig
     from transformer_lens.pretrained.weight_conversions import convert_llama_weights
     from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -72,36 +67,62 @@ def circuit_tracer(work: Path) -> None:
                                   eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")  # fmt: skip
     tok.save_pretrained(work / "tokenizer-ct")  # TransformerLens reloads its tokenizer by name: save it in this release
     tok = AutoTokenizer.from_pretrained(work / "tokenizer-ct")
+    d_head = sizes["hidden_size"] // sizes["num_attention_heads"]
     cfg = HookedTransformerConfig(
-        n_layers=SIZES["num_hidden_layers"], d_model=SIZES["hidden_size"], d_head=8, n_heads=4, d_mlp=37,
-        d_vocab=99, n_ctx=128, act_fn="silu", normalization_type="RMS", positional_embedding_type="rotary",
-        rotary_dim=8, rotary_base=10000, n_key_value_heads=2, gated_mlp=True, final_rms=True, eps=SIZES["rms_norm_eps"],
+        n_layers=sizes["num_hidden_layers"], d_model=sizes["hidden_size"], d_head=d_head,
+        n_heads=sizes["num_attention_heads"], d_mlp=sizes["intermediate_size"], d_vocab=sizes["vocab_size"],
+        n_ctx=sizes["max_position_embeddings"], act_fn="silu", normalization_type="RMS",
+        positional_embedding_type="rotary", rotary_dim=d_head, rotary_base=10000,
+        n_key_value_heads=sizes["num_key_value_heads"], gated_mlp=True, final_rms=True, eps=sizes["rms_norm_eps"],
         original_architecture="LlamaForCausalLM", tokenizer_name=str(work / "tokenizer-ct"), model_name="tiny-llama",
         default_prepend_bos=False, dtype=torch.float32, device="cpu",
     )  # fmt: skip
-    weights = convert_llama_weights(hf, cfg)
+    return cfg, weights, tok
+
+
+def ct_model(cfg, weights, tok, folder: Path, kind: str):
+    """circuit-tracer's replacement model over the shared weights, with the transcoders in ``folder`` read by its
+    own loaders."""
+    import torch
+    from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel
+    from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
+    from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
+
+    if kind == "plt":
+        paths = {i: str(folder / f"layer_{i}.safetensors") for i in range(cfg.n_layers)}
+        tcs = load_transcoder_set(paths, scan=folder.name, feature_input_hook="mlp.hook_in",
+                                  feature_output_hook="mlp.hook_out", dtype=torch.float32, device=torch.device("cpu"),
+                                  lazy_encoder=False, lazy_decoder=False)  # fmt: skip
+    else:
+        tcs = load_clt(str(folder), feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out",
+                       scan=folder.name, dtype=torch.float32, device=torch.device("cpu"),
+                       lazy_decoder=False)  # fmt: skip
+    model = TransformerLensReplacementModel.from_config(cfg, tcs, tokenizer=tok)
+    # circuit-tracer wraps each MLP and the unembedding in a module of its own
+    renamed = {k.replace(".mlp.", ".mlp.old_mlp.").replace("unembed.", "unembed.old_unembed."): v
+               for k, v in weights.items()}  # fmt: skip
+    missing, unexpected = model.load_state_dict(renamed, strict=False)
+    buffers = ("IGNORE", ".mask", "rotary_sin", "rotary_cos")
+    if unexpected or not all("transcoders" in k or k.endswith(buffers) for k in missing):
+        raise RuntimeError(f"weights did not load: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+def circuit_tracer(work: Path) -> None:
+    import torch
+    from circuit_tracer import attribute
+    from circuit_tracer.frontend.graph_models import Model
+    from circuit_tracer.graph import prune_graph
+    from safetensors import safe_open
+
+    cfg, weights, tok = ct_setup(work)
     read = lambda path: {k: f.get_tensor(k) for f in [safe_open(str(path), "pt")] for k in f.keys()}  # noqa: E731, SIM118
     ref_logits = read(work / "logits.safetensors")["logits"]
     tokens = torch.tensor(PROMPT)
     results = {}
     for kind, activation in SETTINGS:
         name = f"{kind}-{activation}"
-        folder = work / f"tc-{name}"
-        if kind == "plt":
-            paths = {i: str(folder / f"layer_{i}.safetensors") for i in range(cfg.n_layers)}
-            tcs = load_transcoder_set(paths, scan=name, feature_input_hook="mlp.hook_in",
-                                      feature_output_hook="mlp.hook_out", dtype=torch.float32, device=torch.device("cpu"),
-                                      lazy_encoder=False, lazy_decoder=False)  # fmt: skip
-        else:
-            tcs = load_clt(str(folder), feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out",
-                           scan=name, dtype=torch.float32, device=torch.device("cpu"), lazy_decoder=False)  # fmt: skip
-        model = TransformerLensReplacementModel.from_config(cfg, tcs, tokenizer=tok)
-        # circuit-tracer wraps each MLP and the unembedding in a module of its own
-        renamed = {k.replace(".mlp.", ".mlp.old_mlp.").replace("unembed.", "unembed.old_unembed."): v
-                   for k, v in weights.items()}  # fmt: skip
-        missing, unexpected = model.load_state_dict(renamed, strict=False)
-        assert not unexpected and all("transcoders" in k or k.endswith(("IGNORE", ".mask", "rotary_sin", "rotary_cos"))
-                                      for k in missing), (missing, unexpected)  # fmt: skip
+        model = ct_model(cfg, weights, tok, work / f"tc-{name}", kind)
         with torch.no_grad():
             tl_logits = model(tokens[None])[0]
         graph = attribute(tokens, model, attribution_targets=torch.tensor(TARGETS), batch_size=16)
