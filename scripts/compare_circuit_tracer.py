@@ -77,7 +77,7 @@ def ct_setup(work: Path, sizes: dict = SIZES):
         original_architecture="LlamaForCausalLM", tokenizer_name=str(work / "tokenizer-ct"), model_name="tiny-llama",
         default_prepend_bos=False, dtype=torch.float32, device="cpu",
     )  # fmt: skip
-    return cfg, weights, tok
+    return cfg, convert_llama_weights(hf, cfg), tok
 
 
 def ct_model(cfg, weights, tok, folder: Path, kind: str):
