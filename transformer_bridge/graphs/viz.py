@@ -46,7 +46,8 @@ def _title(graph, tokenizer) -> str:
 
 
 def _token_text(tokenizer, token: int) -> str:
-    return tokenizer.decode([token]) if tokenizer is not None else str(token)
+    text = tokenizer.decode([token]) if tokenizer is not None else str(token)
+    return text.replace(" ", "␣").replace("\n", "⏎").replace("\t", "→")
 
 
 def save_png(
@@ -74,10 +75,17 @@ def save_png(
                        edgecolors="black", linewidths=0.4, zorder=2, label=kind)  # fmt: skip
     for n in nodes:
         if info[n]["kind"] == "target":
-            ax.annotate(info[n]["label"], xy[n], xytext=(0, 7), textcoords="offset points", ha="center", fontsize=7)
+            ax.annotate(
+                f"{info[n]['label']!r} {info[n]['weight']:.2f}",
+                xy[n],
+                xytext=(0, 7),
+                textcoords="offset points",
+                ha="left",
+                fontsize=7,
+                rotation=45,
+            )
     ax.set_xticks(range(graph.n_pos))
-    ax.set_xticklabels([repr(_token_text(tokenizer, t))[1:-1] for t in graph.tokens.tolist()], rotation=60,
-                       fontsize=7)  # fmt: skip
+    ax.set_xticklabels([_token_text(tokenizer, t) for t in graph.tokens.tolist()], rotation=60, fontsize=7)
     ax.set_yticks(range(graph.n_layers + 2))
     ax.set_yticklabels(["emb", *[f"L{i}" for i in range(graph.n_layers)], "logit"])
     ax.set_xlim(-0.7, graph.n_pos - 0.3)
@@ -124,11 +132,11 @@ def to_html(
             parts.append(f'<rect x="{x - 6:.1f}" y="{y - 6:.1f}" width="12" height="12" fill="{colour}" '
                          f'stroke="black"><title>{tip}</title></rect>')  # fmt: skip
         if i["kind"] == "target":
-            parts.append(f'<text x="{x:.1f}" y="{y - 10:.1f}" font-size="11" text-anchor="middle">'
-                         f"{html.escape(i['label'])}</text>")  # fmt: skip
+            at = f'x="{x:.1f}" y="{y - 10:.1f}" transform="rotate(-45 {x:.1f} {y - 10:.1f})"'
+            parts.append(f"<text {at} font-size='11'>{html.escape(repr(i['label']))} {i['weight']:.2f}</text>")
     for pos, tok in enumerate(graph.tokens.tolist()):
         x, y = px(pos, -0.6)
-        label = html.escape(repr(_token_text(tokenizer, tok))[1:-1])
+        label = html.escape(_token_text(tokenizer, tok))
         parts.append(f'<text x="{x:.1f}" y="{y:.1f}" font-size="11" text-anchor="end" '
                      f'transform="rotate(-45 {x:.1f} {y:.1f})">{label}</text>')  # fmt: skip
     for row, name in enumerate(["emb", *[f"L{i}" for i in range(graph.n_layers)], "logit"]):
