@@ -93,18 +93,24 @@ def run_ct(work: Path, n: int, mode: str) -> dict:
     seconds = time.perf_counter() - start
     nodes = graph.adjacency_matrix.shape[0]
     return dict(seconds=seconds, nodes=nodes, edges=int((graph.adjacency_matrix != 0).sum()),
-                active=int(graph.active_features.shape[0]), dense_mb=nodes * nodes * 4 / 2**20, torch=torch.__version__)  # fmt: skip
+                active=int(graph.active_features.shape[0]), dense_mb=nodes * nodes * 4 / 2**20,
+                torch=torch.__version__)  # fmt: skip
 
 
 def child(args) -> None:
+    # a cap on the address space, so that a run that does not fit fails with an allocation error instead of
+    # pushing the machine into its out-of-memory killer
+    limit = int(args.memory_limit_gb * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     work = Path(args.work)
     result = (run_ct if args.side == "ct" else run_ours)(work, args.n, args.mode)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(result))
 
 
-def measure(python: str, side: str, work: Path, n: int, mode: str, timeout: int) -> dict:
-    cmd = [python, __file__, "--child", "--side", side, "--work", str(work), "--n", str(n), "--mode", mode]
+def measure(python: str, side: str, work: Path, n: int, mode: str, timeout: int, limit_gb: float = 14.0) -> dict:
+    cmd = [python, __file__, "--child", "--side", side, "--work", str(work), "--n", str(n), "--mode", mode,
+           "--memory-limit-gb", str(limit_gb)]  # fmt: skip
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -112,7 +118,9 @@ def measure(python: str, side: str, work: Path, n: int, mode: str, timeout: int)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     if not lines:
         tail = (out.stderr.strip().splitlines() or ["?"])[-1]
-        return {"error": ("killed (out of memory?)" if out.returncode < 0 else tail)[:80]}
+        if "can't allocate memory" in out.stderr or "MemoryError" in out.stderr:
+            return {"error": "out of memory"}
+        return {"error": ("killed" if out.returncode < 0 else tail)[:80]}
     return json.loads(lines[-1][7:])
 
 
@@ -126,6 +134,7 @@ def main() -> None:
     parser.add_argument("--side", default="ours")
     parser.add_argument("--n", type=int, default=128)
     parser.add_argument("--mode", default="last")
+    parser.add_argument("--memory-limit-gb", type=float, default=14.0)
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -134,13 +143,14 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     setup(work)
     print(f"Llama {SIZES['num_hidden_layers']} layers, d_model {SIZES['hidden_size']}, {SIZES['num_attention_heads']} "
-          f"heads; PLT ReLU d_transcoder {D_TRANSCODER}; batch_size {BATCH}, max_feature_nodes {FEATURES}, 5 logits")  # fmt: skip
+          f"heads; PLT ReLU d_transcoder {D_TRANSCODER}; batch_size {BATCH}, max_feature_nodes {FEATURES}, "
+          "5 logits")  # fmt: skip
     print("\n| tokens | ours: s | ours: peak MB | ours: edges kept | circuit-tracer: s | circuit-tracer: peak MB "
           "| its dense matrix MB |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     for n in args.lengths:
-        o = measure(sys.executable, "ours", work, n, "last", args.timeout)
-        c = measure(args.ct_python, "ct", work, n, "last", args.timeout)
+        o = measure(sys.executable, "ours", work, n, "last", args.timeout, args.memory_limit_gb)
+        c = measure(args.ct_python, "ct", work, n, "last", args.timeout, args.memory_limit_gb)
         fmt = lambda r, k, f: r["error"] if "error" in r else format(r[k], f)  # noqa: E731
         print(f"| {n} | {fmt(o, 'seconds', '.1f')} | {fmt(o, 'peak_rss_mb', '.0f')} | {fmt(o, 'edges', 'd')} | "
               f"{fmt(c, 'seconds', '.1f')} | {fmt(c, 'peak_rss_mb', '.0f')} | {fmt(c, 'dense_mb', '.0f')} |",
@@ -148,9 +158,11 @@ def main() -> None:
     n = 128
     last = measure(sys.executable, "ours", work, n, "last", args.timeout)
     gen = measure(sys.executable, "ours", work, n, "generated", args.timeout)
-    print(f"\n32 generated tokens of a {n}-token sequence in one graph: {gen['seconds']:.2f} s, {gen['peak_rss_mb']:.0f} "
+    print(f"\n32 generated tokens of a {n}-token sequence in one graph: {gen['seconds']:.2f} s, "
+          f"{gen['peak_rss_mb']:.0f} "
           f"MB; the last token alone: {last['seconds']:.2f} s, {last['peak_rss_mb']:.0f} MB; ratio "
-          f"{gen['seconds'] / last['seconds']:.2f}x time, {gen['peak_rss_mb'] / last['peak_rss_mb']:.2f}x memory")  # fmt: skip
+          f"{gen['seconds'] / last['seconds']:.2f}x time, "
+          f"{gen['peak_rss_mb'] / last['peak_rss_mb']:.2f}x memory")  # fmt: skip
 
 
 if __name__ == "__main__":

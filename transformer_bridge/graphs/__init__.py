@@ -10,7 +10,7 @@ What it may import: the core bridge and its public hook / cache surface (`hook_d
 `hook.ctx`) and the public `generate`; never generation internals, relevance or compat.
 """
 
-from .attribute import attribute
+from .attribution import attribute
 from .graph import Graph
 from .influence import Pruned, node_influence, prune, scores
 from .interventions import Intervention, intervention_hooks

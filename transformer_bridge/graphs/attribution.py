@@ -21,6 +21,8 @@ from .replacement import check_points, freeze_hooks
 from .targets import Sequence, as_sequence, resolve_targets, target_vectors
 from .transcoders import TranscoderSet
 
+BACKWARD_BYTES = 2**29
+
 
 class _Forward:
     """The attribution forward's tensors: leaves (sources) and the points target rows are seeded at."""
@@ -28,7 +30,7 @@ class _Forward:
     def __init__(self, model, tc: TranscoderSet, tokens: Tensor, skip_positions: int, zero_skipped_errors: bool):
         self.tc, self.inputs, self.leaves, self.acts, self.errors = tc, {}, {}, {}, {}
         self.zero_skipped = skip_positions if zero_skipped_errors else 0
-        hooks = freeze_hooks(model)
+        hooks = freeze_hooks(model) + _score_input_hooks(model)
         hooks.append(("hook_embed", self._embed))
         hooks.append(("unembed.hook_in", self._unembed))
         for layer in range(tc.n_layers):
@@ -60,6 +62,19 @@ class _Forward:
             self.errors[layer][: self.zero_skipped] = 0
         self.leaves[layer] = (out - skip).detach().requires_grad_(True)
         return skip + self.leaves[layer]
+
+
+def _score_input_hooks(model) -> list:
+    """Detach what the attention scores read (post-RoPE queries and keys, else the projections). The pattern is
+    frozen anyway, so no gradient is lost; autograd then keeps no ``[head, pos, pos]`` tensor of the softmax path,
+    only the pattern that multiplies the values."""
+    hooks = []
+    for layer in range(model.cfg.n_layers):
+        prefix = f"blocks.{layer}.attn."
+        for name in ("hook_rot_q", "hook_rot_k") if prefix + "hook_rot_q" in model.hook_dict else ("hook_q", "hook_k"):
+            if prefix + name in model.hook_dict:
+                hooks.append((prefix + name, lambda x, hook: x.detach()))
+    return hooks
 
 
 def attribute(
@@ -133,10 +148,15 @@ def attribute(
 
     rows, cols, vals = [], [], []
 
+    # torch's batching rule for the pattern-times-values product broadcasts the pattern over the rows of a chunk
+    # in the backward pass: cap rows x heads x pos² so that the transient stays under BACKWARD_BYTES
+    step = max(1, BACKWARD_BYTES // (4 * max(model.cfg.n_heads, 1) * n_pos * n_pos))
+
     def run(kind: str, index: Tensor, row_ids: Tensor) -> None:
-        block = _rows(fwd, tc, kind, index, tvecs, tpos, f_layer, f_pos, f_feat, sources)
-        r, c, v = _sparsify(block, row_ids, edges_per_node)
-        rows.append(r), cols.append(c), vals.append(v)
+        for i in range(0, len(index), step):
+            block = _rows(fwd, tc, kind, index[i : i + step], tvecs, tpos, f_layer, f_pos, f_feat, sources)
+            r, c, v = _sparsify(block, row_ids[i : i + step], edges_per_node)
+            rows.append(r), cols.append(c), vals.append(v)
 
     # target rows get ids n_cols.. so that every node id is unique while rows are gathered
     n_targets = len(tlist)
