@@ -18,7 +18,7 @@ from torch import Tensor
 from .graph import Graph
 from .influence import partial_influence
 from .replacement import check_points, freeze_hooks
-from .targets import Sequence, as_sequence, resolve_targets, target_vectors
+from .targets import Sequence, as_sequence, resolve_targets, target_vectors, token_label
 from .transcoders import TranscoderSet
 
 BACKWARD_BYTES = 2**29
@@ -129,8 +129,8 @@ def attribute(
     tc = transcoders
     fwd = _Forward(model, tc, seq.tokens, skip_positions, zero_skipped_errors)
     n_layers, n_pos = tc.n_layers, len(seq.tokens)
-    tlist = resolve_targets(seq, fwd.logits, targets, positions, max_n_logits, desired_logit_prob,
-                            getattr(model, "tokenizer", None))  # fmt: skip
+    tokenizer = getattr(model, "tokenizer", None)
+    tlist = resolve_targets(seq, fwd.logits, targets, positions, max_n_logits, desired_logit_prob, tokenizer)
     unembed = model.hf_model.get_output_embeddings().weight.detach()
     tvecs = target_vectors(tlist, unembed.to(fwd.final.dtype))
     tpos = torch.tensor([t.pos for t in tlist], dtype=torch.long)
@@ -203,7 +203,8 @@ def attribute(
         target_tokens=torch.tensor([-1 if t.token is None else t.token for t in tlist], dtype=torch.long),
         target_weights=weights,
         target_labels=[
-            t.label or (str(t.token) if t.token is not None else f"direction {i}") for i, t in enumerate(tlist)
+            t.label or (token_label(tokenizer, t.token) if t.token is not None else f"direction {i}")
+            for i, t in enumerate(tlist)
         ],
         edge_index=torch.stack([r[keep], c[keep]]),
         edge_weight=edge_vals[keep].float(),

@@ -74,7 +74,7 @@ def resolve_targets(
             if seq.prompt_length >= n_pos:
                 raise ValueError("the generation has no generated token to explain")
             # each generated token, read where it was predicted
-            return [Target(p - 1, int(seq.tokens[p]), label=_label(tokenizer, int(seq.tokens[p])),
+            return [Target(p - 1, int(seq.tokens[p]), label=token_label(tokenizer, int(seq.tokens[p])),
                            weight=float(probs[p - 1, seq.tokens[p]]))
                     for p in range(seq.prompt_length, n_pos)]  # fmt: skip
         positions = [n_pos - 1]
@@ -86,21 +86,24 @@ def resolve_targets(
         for p in positions:
             top_p, top_i = probs[p].topk(min(max_n_logits, probs.shape[-1]))
             keep = int(torch.searchsorted(top_p.cumsum(0), torch.tensor(desired_logit_prob))) + 1
-            out += [Target(p, int(t), label=_label(tokenizer, int(t)), weight=float(w))
+            out += [Target(p, int(t), label=token_label(tokenizer, int(t)), weight=float(w))
                     for t, w in zip(top_i[:keep], top_p[:keep], strict=False)]  # fmt: skip
         return out
     if isinstance(targets, (Tensor, list)) and all(not isinstance(t, Target) for t in targets):
         ids = torch.as_tensor(targets).reshape(-1).tolist()
         if any(not 0 <= t < probs.shape[-1] for t in ids):
             raise ValueError(f"`targets` token ids must be in 0..{probs.shape[-1] - 1}, got {ids}")
-        return [Target(p, t, label=_label(tokenizer, t), weight=float(probs[p, t])) for p in positions for t in ids]
+        return [
+            Target(p, t, label=token_label(tokenizer, t), weight=float(probs[p, t])) for p in positions for t in ids
+        ]
     out = list(targets)
     if any(not isinstance(t, Target) for t in out):
         raise TypeError("`targets` must be None, token ids, or a list of `Target`")
     return out
 
 
-def _label(tokenizer, token: int) -> str:
+def token_label(tokenizer, token: int) -> str:
+    """A token's text (its id without a tokenizer)."""
     return tokenizer.decode([token]) if tokenizer is not None else str(token)
 
 
