@@ -144,3 +144,11 @@ def test_bad_inputs_are_named(llama, tc):
         Target(3)
     with pytest.raises(ValueError, match="`mode`"):
         Intervention(0, 1, 1.0, mode="add")
+
+
+def test_a_generation_output_object_is_read_too(llama, tc):
+    out, cache = llama.generate(TOKENS[None, :6], max_new_tokens=3, do_sample=False, return_cache=True,
+                                return_dict=True)  # fmt: skip
+    graph = attribute(llama, (out, cache), tc, batch_size=16)
+    assert graph.target_tokens.tolist() == out.sequences[0, 6:].tolist()
+    assert graph.meta["prompt_length"] == 6

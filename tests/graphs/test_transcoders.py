@@ -80,3 +80,11 @@ def test_errors_name_the_parameter(llama, tmp_path):
         TranscoderSet.load(tmp_path)
     with pytest.raises(ValueError, match=r"`top_k`"):
         TranscoderSet(torch.zeros(1, 2, 3), torch.zeros(1, 2), torch.zeros(1, 2, 3), torch.zeros(1, 3), top_k=3)
+
+
+def test_circuit_tracer_point_names_load_as_the_bridges(llama, tmp_path):
+    tc = TranscoderSet.random(llama, d_transcoder=8, seed=0)
+    tc.save(tmp_path)
+    config = (tmp_path / "config.yaml").read_text().replace("hook_mlp_out", "mlp.hook_out")
+    (tmp_path / "config.yaml").write_text(config)
+    assert TranscoderSet.load(tmp_path).output_hook == "hook_mlp_out"
