@@ -21,8 +21,6 @@ from .replacement import check_points, freeze_hooks
 from .targets import Sequence, as_sequence, resolve_targets, target_vectors, token_label
 from .transcoders import TranscoderSet
 
-BACKWARD_BYTES = 2**29
-
 
 class _Forward:
     """The attribution forward's tensors: leaves (sources) and the points target rows are seeded at."""
@@ -92,6 +90,7 @@ def attribute(
     skip_positions: int = 1,
     zero_skipped_errors: bool = False,
     update_interval: int = 4,
+    backward_mb: float = 512,
 ) -> Graph:
     """The attribution graph of ``input`` in the replacement model of ``model`` with ``transcoders``.
 
@@ -109,6 +108,8 @@ def attribute(
         edges_per_node: keep the largest ``|weight|`` edges per row; None keeps every non-zero edge.
         skip_positions: features of the first positions are not nodes (their MLP output is all error), as
             circuit-tracer drops the first token's.
+        backward_mb: torch's batching rule broadcasts each attention pattern over the rows of a backward pass
+            (``rows × heads × pos²`` floats); rows per pass are capped so that this stays under ``backward_mb``.
         zero_skipped_errors: also zero the error nodes of those positions (circuit-tracer's graphs: the first
             position's MLP outputs then belong to no node); False keeps them, so the graph stays complete.
 
@@ -148,9 +149,7 @@ def attribute(
 
     rows, cols, vals = [], [], []
 
-    # torch's batching rule for the pattern-times-values product broadcasts the pattern over the rows of a chunk
-    # in the backward pass: cap rows x heads x pos² so that the transient stays under BACKWARD_BYTES
-    step = max(1, BACKWARD_BYTES // (4 * max(model.cfg.n_heads, 1) * n_pos * n_pos))
+    step = max(1, int(backward_mb * 2**20) // (4 * max(model.cfg.n_heads, 1) * n_pos * n_pos))
 
     def run(kind: str, index: Tensor, row_ids: Tensor) -> None:
         for i in range(0, len(index), step):
