@@ -55,3 +55,16 @@ def test_refuses_transcoders_of_another_model():
     other.input_hook = "mlp.hook_nowhere"
     with pytest.raises(ValueError, match="not a hook point"):
         replacement_hooks(model, other)
+
+
+def test_refuses_models_with_mixer_layers():
+    from conftest import HYBRID_CONFIGS, char_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from transformer_bridge import TransformerBridge
+
+    torch.manual_seed(0)
+    hybrid = TransformerBridge(AutoModelForCausalLM.from_config(HYBRID_CONFIGS["bamba"]()).eval(), char_tokenizer())
+    tc = TranscoderSet.random(hybrid, d_transcoder=8, seed=0)
+    with pytest.raises(ValueError, match="no attention pattern"):
+        replacement_hooks(hybrid, tc)

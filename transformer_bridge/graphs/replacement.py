@@ -31,6 +31,11 @@ def freeze_hooks(model) -> list[Hook]:
 
 def check_points(model, tc: TranscoderSet) -> None:
     """Raise unless ``tc`` fits ``model``: one layer each, the same width, every point served."""
+    names = model.hook_dict
+    mixers = [layer for layer in range(model.cfg.n_layers) if f"blocks.{layer}.attn.hook_pattern" not in names]
+    if mixers:  # a state-space or convolution mixer has no pattern to freeze: the model would not be linear
+        raise ValueError(f"{model.cfg.model_type}: layers {mixers} have no attention pattern to freeze; graphs need "
+                         "attention in every layer (state-space and hybrid models are not supported)")  # fmt: skip
     if tc.n_layers != model.cfg.n_layers or tc.d_model != model.cfg.d_model:
         raise ValueError(
             f"`transcoders` have {tc.n_layers} layers of width {tc.d_model}; the model has {model.cfg.n_layers} of "
@@ -40,8 +45,6 @@ def check_points(model, tc: TranscoderSet) -> None:
         for name in (tc.input_point(layer), tc.output_point(layer)):
             if name not in model.hook_dict:
                 raise ValueError(f"the transcoders' point {name!r} is not a hook point of this {model.cfg.model_type}")
-    if not any(n.endswith("attn.hook_pattern") for n in model.hook_dict):
-        raise ValueError(f"{model.cfg.model_type} has no attention pattern to freeze: graphs need attention layers")
 
 
 @dataclass
