@@ -373,10 +373,12 @@ def test_smollm2_resid_pre_and_kv_heads_equal_the_serial_loop(smollm2):
     def diff(logits):
         return logits[0, -1, paris] - logits[0, -1, rome]
 
+    # Batched and serial forwards sum in other orders (batch sizes pick other GEMM blockings); over 30 layers that
+    # reaches 1.6e-5 on these logit differences (|x| ~ 5) with some thread counts: tested at 5e-5.
     want = serial(model, corrupted, cache, diff, patching.layer_pos_patch_setter, "resid_pre", ("layer", "pos"))
     got = patching.get_act_patch_resid_pre(model, corrupted, cache, diff)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got, want, atol=5e-5, rtol=0)
     want = serial(model, corrupted, cache, diff, patching.layer_head_vector_patch_setter, "v", ("layer", "head"))
     got = patching.get_act_patch_attn_head_v_all_pos(model, corrupted, cache, diff)
     assert got.shape == (model.cfg.n_layers, model.cfg.n_kv_heads) == (30, 3)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got, want, atol=5e-5, rtol=0)
