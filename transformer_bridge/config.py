@@ -12,7 +12,7 @@ from .adapters.base import centred
 from .sites.mixers import holds
 from .sites.module_paths import get_module
 from .sites.moe import is_moe_block
-from .sites.split_inputs import EXCLUSIVE, SWITCHES, Switches, refusals
+from .sites.split_inputs import EXCLUSIVE, ON_DEMAND, SWITCHES, Switches, refusals
 
 
 class ConfigFieldError(AttributeError, ValueError):
@@ -35,8 +35,10 @@ class BridgeConfig:
       ``hf_model.generation_config``, the source `generate` reads, so generation stops at that EOS (None or
       ``[]``: at no EOS); ``bos_token_id`` is also the BOS that left-padded ids keep.
     - ``n_ctx``: the context limit inputs are checked and `to_tokens` truncates against.
-    - ``use_attn_result``: True by default (``hook_result`` costs nothing until it is hooked or cached); False
-      switches ``attn.hook_result`` off, as in TransformerLens: caches leave it out and hooking it raises.
+    - ``use_attn_result``: False by default, as in TransformerLens: caches of all points (and filters given as
+      predicates) leave ``attn.hook_result`` out, while a hook or ``names_filter`` naming it computes it (from
+      ``hook_z`` and the output projection); True puts it in caches of all points. The cache's head analyses
+      compute each head's output from ``hook_z`` either way.
     - ``use_split_qkv_input`` / ``use_attn_in`` / ``use_hook_mlp_in`` (False by default; TransformerLens'
       switches, also ``model.set_use_split_qkv_input(True)`` …): switch on ``blocks.L.hook_q_input`` /
       ``hook_k_input`` / ``hook_v_input``, ``hook_attn_in`` and ``hook_mlp_in``, copies of the residual stream
@@ -80,7 +82,7 @@ class BridgeConfig:
     dtype: torch.dtype = torch.float32
     device: torch.device | None = None
     tokenizer_appends_eos: bool = False
-    use_attn_result: bool = True
+    use_attn_result: bool = False
     use_split_qkv_input: bool = False
     use_attn_in: bool = False
     use_hook_mlp_in: bool = False
@@ -106,8 +108,8 @@ class BridgeConfig:
                 "(`model.reset_hooks(including_permanent=True)`)."
             )
         object.__setattr__(self, name, value)
-        if name in SWITCHES:
-            self.switches.show()  # hook_dict follows the switch
+        if name in SWITCHES or name in ON_DEMAND:
+            self.switches.show()  # hook_dict (and what selections leave out) follows the switch
 
     def assigned(self) -> dict[str, Any]:
         """The values of the assignable fields (what a copy of the bridge carries over)."""

@@ -83,6 +83,7 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
             )
         self._set_points(sites.points, self.cfg.n_layers)
         self.names.off = self._points_off
+        self.names.lazy = lambda: self.cfg.switches.lazy  # `hook_result` under use_attn_result=False: on demand
         self.cfg.switches.attach(self, sites.points)  # hook_dict: the points the switches leave on
         mesh = tp_mesh(hf_model)
         if mesh is not None:  # tensor parallel: hooks on head / neuron points see gathered tensors
@@ -197,9 +198,9 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         ``hook_dict``, caches leave them out, and naming one raises."""
         return self.cfg.switches.current  # read at every name lookup: kept up to date by each switch, not recomputed
 
-    def _sync_sites(self, point: HookPoint) -> None:
-        """Attach exactly the sites a hooked point needs (the registry's ``sync``)."""
-        for site in self._sites_for[point.name]:
+    def _sync_sites(self, *points: HookPoint) -> None:
+        """Attach exactly the sites the hooked ``points`` need (the registry's ``sync``): each site once."""
+        for site in dict.fromkeys(s for point in points for s in self._sites_for[point.name]):
             site.sync()
             if site.attached:
                 self._live[site] = None
@@ -473,19 +474,20 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
         stop_at_layer: int | None = None,
         reset_hooks_end: bool = True,
         mask_4d: Tensor | None = None,
+        grad: bool = False,
     ) -> tuple[Float[Tensor, "batch pos d_vocab"], dict[str, Tensor]]:
         """The caching forward shared by `run_with_cache` and `generate(return_cache=True)`.
 
-        Runs under the active hooks plus caching hooks on ``names`` (canonical), without autograd.
-        Returns the logits and the cached tensors; `run_with_cache` is the user-facing form. With
+        Active hooks plus caching hooks on ``names`` (canonical), under ``no_grad`` (not ``inference_mode``, whose
+        tensors cannot meet parameters in autograd later) or, with ``grad``, the caller's grad mode. With
         ``reset_hooks_end=False`` the caching hooks stay (until `reset_hooks`) and later forwards refill the dict.
         """
         store = CacheWriter(device, pos_slice)
         if logits_to_keep and any(n.startswith("unembed.") for n in names):  # lm_head's points show every position
             logits_to_keep = 0
-        # no_grad, not inference_mode: inference tensors cannot meet parameters in autograd later.
         caching = [(n, store.hook) for n in names]
-        with self.hooks(fwd_hooks=caching, read_only=True, reset_hooks_end=reset_hooks_end), torch.no_grad():
+        autograd = torch.enable_grad() if grad and torch.is_grad_enabled() else torch.no_grad()
+        with self.hooks(fwd_hooks=caching, read_only=True, reset_hooks_end=reset_hooks_end), autograd:
             logits = self.forward_tokens(tokens, mask, ctx, logits_to_keep, stop_at_layer, mask_4d=mask_4d)
         return logits, store.tensors
 

@@ -356,22 +356,22 @@ class Running:
     ) -> tuple[Any, ActivationCache | dict[str, Tensor]]:
         """Forward and cache activations: ``(logits, ActivationCache)``, TransformerLens' keywords included.
 
-        Each activation is stored once (aliases such as ``resid_pre[l+1]`` / ``resid_post[l]``
-        share storage) on ``device`` as it is produced; the model is never moved. Without
-        ``incl_bwd`` no autograd graph is kept. With it, a scalar is backpropagated and gradients are stored
-        under ``<name>_grad``: ``metric(logits)``, or, as in TransformerLens, the output itself, which must then
-        be the loss (``return_type="loss"``).
+        Each activation is stored once, detached (aliases such as ``resid_pre[l+1]`` / ``resid_post[l]`` share
+        storage), on ``device`` as it is produced; the model is never moved. The forward runs under the caller's
+        grad mode, as TransformerLens': with grad on the output carries the graph (``metric(output).backward()``
+        reaches backward hooks); under ``no_grad`` / ``inference_mode`` none is built. ``incl_bwd``: a scalar is
+        backpropagated and gradients stored under ``<name>_grad``: ``metric(logits)``, or, as in TransformerLens,
+        the output itself, which must then be the loss (``return_type="loss"``).
 
-        ``stop_at_layer=L`` stops before block ``L`` (nothing after it is computed, see `forward`) and
-        returns ``(residual stream entering block L, cache of what ran)``. With ``start_at_layer=K``, ``input`` is
-        the residual stream entering block ``K`` (``tokens=`` / ``attention_mask=`` as in `forward`) and only
-        block ``K`` onwards is cached. TransformerLens' ``return_type``: ``"logits"`` (default), ``"loss"`` (mean
-        next-token loss over real tokens; ``loss_per_token=True``: ``[batch, pos - 1]``), ``"both"``
-        (``(logits, loss)``) or ``None``. ``return_cache_object=False`` returns the cache as a plain
-        ``{name: tensor}`` dict; ``clear_contexts=True`` empties the ``hook.ctx`` of every point cached, afterwards.
-        ``reset_hooks_end=False`` (TransformerLens) leaves the caching hooks on until `reset_hooks`: each later
-        forward overwrites the returned cache's entries (its ``attention_mask`` stays this call's). Text is padded
-        as `to_tokens` pads it (``padding_side``, default ``cfg.default_padding_side``: right).
+        ``stop_at_layer=L`` stops before block ``L`` (nothing after it is computed, see `forward`) and returns
+        ``(residual stream entering block L, cache of what ran)``. With ``start_at_layer=K``, ``input`` is the
+        residual stream entering block ``K`` (``tokens=`` / ``attention_mask=`` as in `forward`) and only block ``K``
+        onwards is cached. TransformerLens' ``return_type``: ``"logits"`` (default), ``"loss"`` (mean next-token
+        loss over real tokens; ``loss_per_token=True``: ``[batch, pos - 1]``), ``"both"`` (``(logits, loss)``) or
+        ``None``. ``return_cache_object=False`` returns the cache as a plain ``{name: tensor}`` dict;
+        ``clear_contexts=True`` empties the ``hook.ctx`` of every point cached, afterwards. ``reset_hooks_end=False``
+        (TransformerLens) leaves the caching hooks on until `reset_hooks`: each later forward overwrites the returned
+        cache's entries (its ``attention_mask`` stays this call's). Text is padded as `to_tokens` (``padding_side``).
 
         Example:
             >>> logits, cache = model.run_with_cache("Hello world", names_filter=lambda n: "resid" in n)
@@ -451,7 +451,8 @@ class Running:
             logits, tensors = logits.detach(), store.tensors
         else:
             logits, tensors = self.cache_forward(tokens, mask, names, device, pos_slice, stop_at_layer=stop_at_layer,
-                                                 reset_hooks_end=reset_hooks_end, mask_4d=mask_4d)  # fmt: skip
+                                                 reset_hooks_end=reset_hooks_end, mask_4d=mask_4d,
+                                                 grad=True)  # fmt: skip
         cache = ActivationCache(tensors, self, attention_mask=mask.to(device or mask.device))
         return logits, (cache.remove_batch_dim(batch_size=tokens.shape[0]) if remove_batch_dim else cache)
 
@@ -479,7 +480,7 @@ class Running:
         skipped = set(embedding_points(self)) if start_at_layer is None else set()  # not run on embeddings
         caching = [(n, store.hook) for n in self.names_matching(names_filter) if n not in skipped]
         resume = dict(start_at_layer=start_at_layer, stop_at_layer=stop_at_layer, tokens=tokens)
-        with torch.no_grad(), self.hooks(fwd_hooks=caching, read_only=True, reset_hooks_end=reset_hooks_end):
+        with self.hooks(fwd_hooks=caching, read_only=True, reset_hooks_end=reset_hooks_end):  # the caller's grad mode
             out = self(residual, attention_mask=attention_mask, return_type=return_type,
                        loss_per_token=loss_per_token, **resume)  # fmt: skip
         mask = attention_mask if attention_mask is not None else torch.ones(residual.shape[:2], dtype=torch.long)

@@ -10,7 +10,6 @@ import torch
 from conftest import make_bridge
 
 from transformer_bridge.config import _ASSIGNABLE, BridgeConfig, ConfigFieldError
-from transformer_bridge.hooks.names import HookOffError
 
 PROMPT = torch.tensor([[1, 40, 41, 42]])
 
@@ -70,40 +69,36 @@ def test_n_ctx_limits_inputs_and_truncates_text(model):
         model(torch.tensor([[1, 2, 3, 4]]))
 
 
-def test_use_attn_result_false_switches_hook_result_off(model):
-    """TransformerLens' switch takes effect: off, the point is left out of caches and naming it raises."""
+def test_use_attn_result_switches_hook_result_in_and_out_of_full_caches(model):
+    """TransformerLens' switch, False by default as there: caches of all points and predicates leave
+    ``hook_result`` out (the point stays in ``hook_dict``), a hook or filter naming it computes it; True puts it in
+    caches of all points. The logits are the same either way."""
     tokens = torch.tensor([[1, 2, 3, 4]])
-    logits, cache = model.run_with_cache(tokens)
-    assert "blocks.0.attn.hook_result" in cache
-    model.set_use_attn_result(False)
+    assert model.cfg.use_attn_result is False and "blocks.0.attn.hook_result" in model.hook_dict
+    off_logits, off_cache = model.run_with_cache(tokens)
+    assert not any(n.endswith("attn.hook_result") for n in off_cache)
+    with pytest.raises(KeyError, match=r"not in this cache.*use_attn_result"):  # the cache says why it lacks it
+        off_cache["blocks.0.attn.hook_result"]
+    assert model.names_matching(lambda n: "attn.hook_" in n) == [
+        n for n in model.hook_dict if "attn.hook_" in n and not n.endswith("hook_result")
+    ]
+    seen = []
+    model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_result", lambda x, hook: seen.append(x.shape))])
+    assert len(seen) == 1 and "blocks.0.attn.hook_result" in model.run_with_cache(tokens, names_filter="result")[1]
+    model.set_use_attn_result(True)
     try:
-        assert model.cfg.use_attn_result is False
-        off_logits, off_cache = model.run_with_cache(tokens)
+        assert model.cfg.use_attn_result is True
+        logits, cache = model.run_with_cache(tokens)
         assert torch.equal(off_logits, logits)
-        assert not any(n.endswith("attn.hook_result") for n in off_cache)
         assert set(off_cache.keys()) == set(cache.keys()) - {n for n in cache if n.endswith("hook_result")}
-        with pytest.raises(HookOffError, match="use_attn_result"):
-            model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_result", lambda x, hook: x)])
-        with pytest.raises(HookOffError, match="set_use_attn_result"):
-            model.run_with_cache(tokens, names_filter=("result", 0))
-        with pytest.raises(HookOffError):
-            model.run_with_cache(tokens, names_filter="result")
-        with pytest.raises(KeyError, match=r"switched off.*set_use_attn_result"):  # the cache says why it lacks it
-            off_cache["blocks.0.attn.hook_result"]
-        with pytest.raises(KeyError, match="switched off"):
-            off_cache["result", 0]
-        assert model.names_matching(lambda n: "attn.hook_" in n) == [
-            n for n in model.hook_dict if "attn.hook_" in n and not n.endswith("hook_result")
-        ]
         assert torch.equal(model(tokens), model.hf_model(tokens).logits)  # the model is clean afterwards
     finally:
-        model.set_use_attn_result(True)
-    assert "blocks.0.attn.hook_result" in model.run_with_cache(tokens, names_filter="result")[1]
+        model.set_use_attn_result(False)
 
 
 def test_split_input_flags_take_bools(model):
-    model.cfg.use_attn_result = False
     model.cfg.use_attn_result = True
+    model.cfg.use_attn_result = False
     for flag in ("use_split_qkv_input", "use_attn_in", "use_hook_mlp_in"):  # what they do: test_split_inputs.py
         setattr(model.cfg, flag, True)
         setattr(model.cfg, flag, False)

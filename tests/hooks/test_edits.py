@@ -88,7 +88,7 @@ def test_read_only_hooks_on_every_point_keep_logits_bitwise(model):
         _ = x.sum()
 
     with torch.no_grad():
-        ours = model.run_with_hooks(TOKENS, fwd_hooks=[(lambda n: True, read)], attention_mask=MASK)
+        ours = model.run_with_hooks(TOKENS, fwd_hooks=[(list(model.hook_dict), read)], attention_mask=MASK)
         positions = (MASK.cumsum(-1) - 1).clamp_min(0)
         if model.adapter.positions_from_mask:  # OPT derives its positions from the mask itself
             positions = None

@@ -97,7 +97,8 @@ def test_relevance_hooks_name_what_cache_methods_read():
     model = make_bridge("gpt2")
     assert relevance_hooks(model, "attnlrp") == []
     dla_names = relevance_hooks(model, "dla")
-    assert "hook_pos_embed" in dla_names and "blocks.1.attn.hook_result" in dla_names
+    assert "hook_pos_embed" in dla_names and "blocks.1.attn.hook_z" in dla_names  # heads from z and W_O
+    assert not any(n.endswith("hook_result") for n in dla_names)
     assert relevance_hooks(model, "attention", mode="last") == ["blocks.1.attn.hook_pattern"]
     tokens = random_tokens(1, 7)
     _, cache = model.run_with_cache(tokens, names_filter=dla_names)

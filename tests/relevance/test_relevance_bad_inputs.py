@@ -168,7 +168,7 @@ def test_the_table_has_at_least_35_distinct_rows():
 def test_missing_hooks_and_cleared_runs_keep_their_errors():
     model = make_bridge("llama")
     run = model.forward_pass(TOKENS[:, :4], max_new_tokens=2, names_filter="resid_post")
-    with pytest.raises(MissingHookError, match="hook_result") as info:
+    with pytest.raises(MissingHookError, match="hook_z") as info:
         run.relevance_pass(method="dla")
     assert isinstance(info.value, KeyError)
     run.clear()

@@ -84,9 +84,9 @@ def test_unknown_method_lists_the_valid_ones(model):
 
 def test_missing_hooks_say_which_and_how(model):
     run = model.forward_pass("Hello", max_new_tokens=2, names_filter=lambda n: "resid" in n)
-    with pytest.raises(MissingHookError, match=r"hook_result.*names_filter=relevance_hooks\(model, 'dla'\)") as info:
+    with pytest.raises(MissingHookError, match=r"hook_z.*names_filter=relevance_hooks\(model, 'dla'\)") as info:
         run.relevance_pass(method="dla")
-    assert "blocks.0.attn.hook_result" in info.value.missing and isinstance(info.value, KeyError)
+    assert "blocks.0.attn.hook_z" in info.value.missing and isinstance(info.value, KeyError)
     with pytest.raises(MissingHookError, match="hook_pattern"):
         run.relevance_pass(method="attention", mode="rollout")
     run.relevance_pass(method="logit_lens")  # resid_post is there

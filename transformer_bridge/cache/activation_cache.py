@@ -77,9 +77,15 @@ class ActivationCache(Mapping[str, Tensor]):
         except HookOffError as e:
             raise NotCachedError(f"Not in this cache: {e}") from None
         if name not in self._tensors:
+            hint = (
+                " (`cfg.use_attn_result` is False, TransformerLens' default: caches of all points leave head "
+                "results out; or call `cache.compute_head_results()`)"
+                if name.endswith("attn.hook_result")
+                else ""
+            )
             raise NotCachedError(
                 f"{name!r} is a valid hook point but is not in this cache; add it to `names_filter` (or use "
-                f"names_filter=None for everything). This cache holds {len(self._tensors)} names."
+                f"names_filter=None for everything){hint}. This cache holds {len(self._tensors)} names."
             )
         return name
 

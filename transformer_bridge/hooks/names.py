@@ -17,7 +17,7 @@ model's blocks raises `LayerOutOfRangeError`, and a valid point missing from a c
 
 import difflib
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..checks import as_index
@@ -186,6 +186,8 @@ class HookNames:
         # The points a setting switches off (name -> how to switch it on), read at each call: a selection of
         # many names leaves them out, and naming one raises `HookOffError`.
         self.off: Callable[[], Mapping[str, str]] = dict
+        # On-demand points (`split_inputs.ON_DEMAND`): selections of many points leave them out; named, they run.
+        self.lazy: Callable[[], Collection[str]] = frozenset
 
     # -- one name ---------------------------------------------------------------------------------
     def key(self, key: Any, param: str = "name") -> str:
@@ -247,9 +249,9 @@ class HookNames:
 
         Raises `ValueError` when a predicate or list selects nothing.
         """
-        off = self.off()
+        off, lazy = self.off(), self.lazy()
         if spec is None:
-            return [n for n in self.valid if n not in off]
+            return [n for n in self.valid if n not in off and n not in lazy]
         if isinstance(spec, (str, tuple)) and not _is_list_of_specs(spec):
             return self._one(spec, param)
         if callable(spec):
@@ -257,6 +259,8 @@ class HookNames:
                 names = [n for n in self.valid if n not in off and spec(n)]
             except Exception as e:
                 raise TypeError(f"`{param}` predicate {spec!r} failed on a hook name: {e!r}.") from e
+            if not all(n in lazy for n in names):  # a predicate matching only on-demand points names them
+                names = [n for n in names if n not in lazy]
             if not names:
                 raise ValueError(
                     f"`{param}` predicate {spec!r} matched no hook point. Names look like {self.valid[:3]}; see "

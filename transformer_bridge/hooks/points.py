@@ -207,8 +207,10 @@ class HookPoint:
 class HookRegistry:
     """The set of hook points of one model, with add/remove bookkeeping and the current context.
 
-    ``sync(point)`` (given by the model: `BridgeCore` attaches its sites) makes the torch hooks that serve
-    ``point`` present exactly when it (or a point sharing them) has a function. It must be idempotent, so that
+    ``sync(*points)`` (given by the model: `BridgeCore` attaches its sites) makes the torch hooks that serve
+    ``points`` present exactly when one of them (or a point sharing them) has a function; it is called once per
+    registration or removal with every point it touched (a cache of 700 points syncs each site once). It must be
+    idempotent, so that
     registration and removal can be rolled back or completed after a failure: an exception, KeyboardInterrupt
     included, inside `add_hook`, `hooks()` or `reset_hooks` leaves the old state or the new one. Without it
     (a standalone `HookPoint`) there is nothing to attach.
@@ -275,7 +277,7 @@ class HookRegistry:
                 else:
                     entry.hooks.append(entry)
                 done.append(entry)
-                self._sync(entry.point)
+            self._sync(*dict.fromkeys(e.point for e in entries))  # every site once, after all are in
         except BaseException:
             self._undo_add(done)
             raise
@@ -284,8 +286,7 @@ class HookRegistry:
         for entry in entries:
             if entry in entry.hooks:
                 entry.hooks.remove(entry)
-        for entry in entries:
-            self._sync(entry.point)
+        self._sync(*dict.fromkeys(e.point for e in entries))
 
     def _remove_entries(self, entries: Iterable[HookEntry]) -> None:
         """Remove ``entries``; every one is removed even if syncing one fails (then it is retried).
@@ -297,16 +298,12 @@ class HookRegistry:
         for point in dict.fromkeys(e.point for e in entries):
             point.fwd_hooks = [e for e in point.fwd_hooks if id(e) not in gone]
             point.bwd_hooks = [e for e in point.bwd_hooks if id(e) not in gone]
-        error: BaseException | None = None
-        for point in dict.fromkeys(e.point for e in entries):
-            try:
-                self._sync(point)
-            except BaseException as e:  # finish the others, then heal this one
-                error = error or e
-        if error is not None:
-            for point in dict.fromkeys(e.point for e in entries):
-                self._sync(point)
-            raise error
+        points = dict.fromkeys(e.point for e in entries)
+        try:
+            self._sync(*points)
+        except BaseException:  # heal: syncing is idempotent, so a second pass completes what the first left
+            self._sync(*points)
+            raise
 
     def reset_hooks(
         self,
@@ -327,8 +324,7 @@ class HookRegistry:
             if (including_permanent or not entry.permanent) and (level is None or entry.level == level)
         ]
         self._remove_entries(entries)
-        for point in self.hook_dict.values():  # heals any state a failure elsewhere left half done
-            self._sync(point)
+        self._sync(*self.hook_dict.values())  # heals any state a failure elsewhere left half done
         if clear_contexts:
             self.clear_contexts()
 
@@ -413,22 +409,26 @@ class HookRegistry:
             ...     logits = model("Hello")
         """
         pairs = [*_hook_pairs(fwd_hooks, "fwd_hooks"), *_hook_pairs(bwd_hooks, "bwd_hooks")]
-        resolved = []
+        resolved, checked = [], set()
         for (name, fn), param in pairs:
-            check_hook_fn(fn, f"{param}` entry for `{name!r}")
+            if id(fn) not in checked:  # a cache registers one function on every point: checked once
+                check_hook_fn(fn, f"{param}` entry for `{name!r}")
+                checked.add(id(fn))
             resolved.append(self.resolve(name, param))  # every name is checked before anything is added
         handles: list[HookHandle] = []
         self.context_level += 1
         try:
             own_add = type(self).add_hook is HookRegistry.add_hook  # else a subclass checks each (HookedRootModule)
+            pending: list[HookHandle] = []
             for ((name, fn), param), points in zip(pairs, resolved, strict=True):
                 direction, level = "bwd" if param == "bwd_hooks" else "fwd", self.context_level
                 if not own_add:
                     handles.append(self.add_hook(name, fn, dir=direction, read_only=read_only, level=level))
                     continue
                 entries = [HookEntry(fn, point, direction, False, read_only, level) for point in points]
-                self._add(entries, False)  # the names are resolved above: no second lookup
-                handles.append(HookHandle(self, entries))
+                pending.append(HookHandle(self, entries))  # the names are resolved above: no second lookup
+            self._add([e for handle in pending for e in handle._entries], False)  # all or nothing, one sync
+            handles += pending
             yield self
         finally:
             self.context_level -= 1
@@ -446,7 +446,7 @@ class HookRegistry:
             self.ctx = previous
 
 
-def _nothing_to_attach(point: HookPoint) -> None:
+def _nothing_to_attach(*points: HookPoint) -> None:
     """The sync of a registry without a model (a standalone `HookPoint`): the point runs when called."""
 
 

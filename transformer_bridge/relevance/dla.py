@@ -62,7 +62,8 @@ def dla_required(model: BridgeCore) -> list[str]:
         names.append("hook_pos_embed")
     for layer in range(model.cfg.n_layers):
         # Per block, what it holds: a mixer's output (Mamba, a hybrid's mixer layers) or the heads', and the MLP's.
-        parts = ("hook_mixer_out", "attn.hook_result", "hook_mlp_out")
+        # Heads from ``hook_z`` and the output projection, as TransformerLens (``hook_result`` is on demand).
+        parts = ("hook_mixer_out", "attn.hook_z", "hook_mlp_out")
         names += [f"blocks.{layer}.{part}" for part in parts if f"blocks.{layer}.{part}" in model.hook_dict]
         if model.adapter.sandwich:
             names.append(post_norm_scale_name(layer, "attn"))

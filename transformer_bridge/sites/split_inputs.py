@@ -41,12 +41,14 @@ from .moe import is_moe_block
 Run = Callable[[str, Tensor], Tensor]
 # TransformerLens' switches: the flag, and the ends of the names of the points it switches on.
 SWITCHES: dict[str, tuple[str, ...]] = {
-    "use_attn_result": (".attn.hook_result",),
     "use_split_qkv_input": (".hook_q_input", ".hook_k_input", ".hook_v_input"),
     "use_attn_in": (".hook_attn_in",),
     "use_hook_mlp_in": (".hook_mlp_in",),
 }
 EXCLUSIVE = {"use_split_qkv_input": "use_attn_in", "use_attn_in": "use_split_qkv_input"}
+# Points computed on demand: while the flag is False, selections of many points (None, predicates) leave them out,
+# but a hook or ``names_filter`` naming one computes it (``attn.hook_result``: from ``hook_z`` and the projection).
+ON_DEMAND: dict[str, tuple[str, ...]] = {"use_attn_result": (".attn.hook_result",)}
 
 
 class Switches:
@@ -65,6 +67,7 @@ class Switches:
         self.points: dict[str, HookPoint] = {}
         self.memo: dict[tuple[bool, ...], dict[str, str]] = {}
         self.current: dict[str, str] = {}  # `off` for the attached bridge's config as it is now (kept by `show`)
+        self.lazy: frozenset[str] = frozenset()  # the on-demand points left out of selections now (`ON_DEMAND`)
 
     def __deepcopy__(self, memo: dict) -> "Switches":
         return Switches()
@@ -95,6 +98,10 @@ class Switches:
         registry = self.registry() if self.registry is not None else None
         if registry is not None:
             off = self.current = self.off(registry.cfg)
+            self.lazy = frozenset(
+                n for flag, ends in ON_DEMAND.items() if not getattr(registry.cfg, flag) for n in self.points
+                if n.endswith(ends)
+            )  # fmt: skip
             registry.hook_dict = {n: p for n, p in self.points.items() if n not in off}
 
 
@@ -297,5 +304,5 @@ def mlp_in(registry: Any) -> Callable:
     return process
 
 
-__all__ = ["EXCLUSIVE", "SWITCHES", "SplitLayer", "Switches", "heads_of", "mlp_branch", "mlp_in", "project",
-           "refusals"]  # fmt: skip
+__all__ = ["EXCLUSIVE", "ON_DEMAND", "SWITCHES", "SplitLayer", "Switches", "heads_of", "mlp_branch", "mlp_in",
+           "project", "refusals"]  # fmt: skip
