@@ -38,10 +38,16 @@ bench: setup
 	$(PY) benchmarks/generate.py
 	$(PY) benchmarks/peers.py
 
-# The exactness core against one transformers release, in a scratch venv: `make compat VERSION=5.20.2`.
+# Another release in a scratch venv (scripts/compat.py), recorded in docs/families.md:
+#   make compat VERSION=5.20.2                  the exactness core on a transformers release (CPU torch 2.13.0)
+#   make compat TORCH=2.15.0                    the whole suite on a torch release (transformers: the newest measured)
+#   make compat TORCH=2.15.0 VERSION=5.23.0     ... on that transformers release
+#   make compat TORCH=2.15.0 SUITE=core         SUITE=core|all overrides the default (core, or all with TORCH=)
+# Any torch but the CPU wheel of 2.13.0 is a CUDA build of several GB per venv; where a pip constraint caps torch,
+# `PIP_CONSTRAINT=/dev/null make compat TORCH=...` lifts it for that run.
 compat:
-	test -n "$(VERSION)" || (echo "usage: make compat VERSION=5.x.y" >&2; exit 2)
-	$(PYTHON) scripts/compat.py $(VERSION) --write
+	test -n "$(VERSION)$(TORCH)" || (echo "usage: make compat VERSION=5.x.y | TORCH=2.x.y [VERSION=5.x.y] [SUITE=core|all]" >&2; exit 2)
+	$(PYTHON) scripts/compat.py $(VERSION) $(if $(TORCH),--torch $(TORCH)) $(if $(SUITE),--suite $(SUITE)) --write
 
 # The clients check (docs/ecosystem.md): the newest SAELens, TransformerLens and circuitsvis, each in a scratch venv,
 # run a short job against the bridge on SmolLM2; the table goes into docs/ecosystem.md.
