@@ -134,6 +134,8 @@ def run_suite(python: Path, version: str, log_dir: Path, pytest_args: list[str],
     torch_version = installed_torch(python)
     log = log_dir / f"suite-torch-{torch_version.split('+')[0]}-transformers-{version}.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    if jobs > 1:  # the cores shared out: more OpenMP threads than cores wait at every parallel op's barrier
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
     parts = [[]] if jobs <= 1 else test_groups(jobs)
     logs = [log] if jobs <= 1 else [log.with_suffix(f".part{i}.log") for i in range(len(parts))]
 
