@@ -312,7 +312,7 @@ def main() -> None:
     parser.add_argument("--pytest-args", default="", help="--suite all: more pytest arguments, e.g. "
                         "'tests/test_compile.py' (with --jobs 1)")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=1, help="--suite all: pytest processes at once, each taking the "
-                        "next group of test files (not pytest-xdist: some test ids hold object addresses)")  # fmt: skip
+                        "next group of test files, OMP_NUM_THREADS shared out")  # fmt: skip
     args = parser.parse_args()
     torch = args.torch or DEFAULT_TORCH
     suite = args.suite or ("all" if args.torch else "core")
