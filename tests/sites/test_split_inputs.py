@@ -106,9 +106,11 @@ def test_every_head_recomputed_matches_the_unsplit_logits(model, flag):
         logits = model(TOKENS)
         logits.logsumexp(-1).sum().backward()
     model.hf_model.zero_grad()
-    assert not torch.equal(logits, off)  # recomputed: not the fused product's rounding
     torch.testing.assert_close(logits, off, atol=1e-5, rtol=0)
+    # Every copy is on the path (its gradient reached the hook): the sign of the recomputation. Bitwise inequality
+    # with the fused product is not one: from torch 2.14 on the per-head products round like the fused one.
     assert set(grads) == set(names(model, kinds))
+    assert all(g.abs().sum() > 0 for g in grads.values())
 
 
 # -- (c) an edit of one head's copy ------------------------------------------------------------------------------
