@@ -101,8 +101,8 @@ class VLLMBridge:
 
         return cls(LLM(model=str(path), **engine_kwargs))
 
-    def _points_off(self) -> list[str]:  # read by ActivationCache: names it reports as not served, not unknown
-        return list(self.names.fused)
+    def _points_off(self) -> dict[str, str]:  # read by ActivationCache: names it reports as not served, not unknown
+        return dict.fromkeys(self.names.fused, "vLLM's engine fuses it away (computed inside one kernel)")
 
     # -- hooks -------------------------------------------------------------------------------------------------------
     @contextlib.contextmanager

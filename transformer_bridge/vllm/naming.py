@@ -7,7 +7,6 @@ a fused mixture-of-experts kernel, for instance) is listed in `ServedNames.fused
 `FusedPointError` naming it.
 """
 
-import difflib
 import re
 from collections.abc import Callable, Iterable, Sequence
 
@@ -48,9 +47,7 @@ class ServedNames:
                 f"tensor); run the HF bridge for it. Points fused away here: {self.fused[:6]}"
                 + (" ..." if len(self.fused) > 6 else "")
             )
-        close = difflib.get_close_matches(name, self.all, n=3)
-        hint = f" Did you mean {close}?" if close else ""
-        raise UnknownHookError(f"`{param}`: {name!r} is not a hook point of this vLLM model.{hint}")
+        raise UnknownHookError(name, self.all, param)
 
     def matching(self, names_filter: NameFilter, param: str = "names_filter") -> list[str]:
         """The served names a filter selects: None (all), a name, a shorthand (``"resid_post"``: every layer's), a

@@ -220,6 +220,11 @@ def layer_sites(model: nn.Module, fam: Family, i: int, sh: Shards) -> list[Site]
         Site(ln2, "pre", rms_points(f"{b}.ln2", _eps(ln2), resid_mid)),
         Site(ln2, "fwd", [Point(f"{b}.mlp.hook_in", _first, lambda o, n, r: _with_first(o, n))]),
     ]
+    if fam.qk_norm is not None:  # Qwen3: per-head norms of q and k before RoPE
+        for j, (path, which) in enumerate(zip(fam.qk_norm, ("q_norm", "k_norm"), strict=True)):
+            norm = sub(path)
+            heads_in = lambda x: sh.gather_heads(x[0][0])  # noqa: E731
+            sites.insert(4 + j, Site(norm, "pre", rms_points(f"{b}.attn.{which}", _eps(norm), heads_in)))
     if fam.gate_up is not None and fam.down is not None:
         sites += _gated_mlp_sites(sub(fam.gate_up), sub(fam.down), b, sh)
     sites += [
