@@ -86,3 +86,11 @@ def engine(tiny_dir):
         return made[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def fresh_engine(tiny_dir):
+    """A new eager vLLM bridge with extra engine keywords (not shared)."""
+    from transformer_bridge.vllm import VLLMBridge
+
+    return lambda family, **kwargs: VLLMBridge.from_pretrained(tiny_dir(family), **{**ENGINE, **kwargs})
