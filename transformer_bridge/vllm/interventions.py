@@ -36,7 +36,7 @@ class Intervention:
     positions: Sequence[int] | int | None = None
 
     def __post_init__(self) -> None:
-        given = [op for op in OPERATIONS if (getattr(self, op) not in (None, False))]
+        given = [op for op in OPERATIONS if _given(getattr(self, op))]
         if len(given) != 1:
             raise ValueError(
                 f"An Intervention takes exactly one of `add`, `scale`, `set`, `ablate=True`; got {given or 'none'} "
@@ -49,7 +49,7 @@ class Intervention:
 
     @property
     def operation(self) -> str:
-        return next(op for op in OPERATIONS if getattr(self, op) not in (None, False))
+        return next(op for op in OPERATIONS if _given(getattr(self, op)))
 
     def encode(self) -> dict[str, Any]:
         """Plain data (lists and floats) for the request's ``extra_args``."""
@@ -62,6 +62,10 @@ class Intervention:
             value = float(value)
         return {"point": self.point, "op": self.operation, "value": value,
                 "positions": None if self.positions is None else [int(p) for p in self.positions]}  # fmt: skip
+
+
+def _given(value: Any) -> bool:
+    return value is not None and value is not False
 
 
 def encode_all(items: Sequence[Intervention] | None) -> list[dict[str, Any]]:

@@ -154,7 +154,7 @@ class Taps:
                     out, edited = self._write(out, t, edited, s, new)
             for fn in fns:
                 view = out[s][None]
-                version = view._version
+                before = view.clone()  # vLLM runs under inference_mode: no version counter tells of in-place edits
                 returned = fn(view, VLLMHook(name, self._context(tag, row, positions)))
                 if returned is not None and returned is not view:
                     if not isinstance(returned, Tensor) or returned.shape != view.shape:
@@ -163,7 +163,7 @@ class Taps:
                             f"{getattr(returned, 'shape', type(returned).__name__)}."
                         )
                     out, edited = self._write(out, t, edited, s, returned[0])
-                elif view._version != version:
+                elif not torch.equal(view, before):
                     edited = self._mark(edited, t, s)
             if name in self.capture and tag.get("cap"):
                 self.store.setdefault(tag["id"], {}).setdefault(name, []).append(
