@@ -16,7 +16,7 @@ def hf_greedy(ref, row, n):
 def assert_cache_equals_hf(ref, seq, cache, tol=1e-5):
     _, ref_cache = ref.run_with_cache(torch.tensor([seq]))
     assert sorted(cache.keys()) == sorted(ref_cache.keys())
-    for name in ref_cache.keys():
+    for name in ref_cache:
         assert cache[name].shape == ref_cache[name].shape, name
         assert (cache[name] - ref_cache[name]).abs().max() < tol, name
 
@@ -34,7 +34,7 @@ def test_greedy_tokens_and_caches_equal_hf(family, engine, oracle):
 
 def test_return_cache_names_filter_and_device(engine):
     model = engine("llama")
-    out, caches = model.generate([[1, 2, 3]], max_new_tokens=2, return_cache=True, names_filter="resid_post",
+    _out, caches = model.generate([[1, 2, 3]], max_new_tokens=2, return_cache=True, names_filter="resid_post",
                                  device="meta", stop_at_eos=False)  # fmt: skip
     assert list(caches[0].keys()) == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
     assert caches[0]["resid_post", 0].device.type == "meta" and caches[0]["resid_post", 0].shape[1] == 5
@@ -59,8 +59,8 @@ def test_rows_never_mix_under_preemption_and_prefix_caching(fresh_engine, oracle
                          enable_prefix_caching=True, disable_log_stats=False)  # fmt: skip
     ref = oracle("llama")
     shared = [1, *range(40, 71)]  # one full block: cacheable
-    prompts = [shared + [5], shared + [6, 7], [1, 9] * 9, shared + [8, 9, 10], [1, 3], [1] + list(range(10, 40))]
-    model.generate([shared + [11]], max_new_tokens=2)  # fills the prefix cache
+    prompts = [[*shared, 5], [*shared, 6, 7], [1, 9] * 9, [*shared, 8, 9, 10], [1, 3], [1, *list(range(10, 40))]]
+    model.generate([[*shared, 11]], max_new_tokens=2)  # fills the prefix cache
     out, caches = model.generate(prompts, max_new_tokens=24, return_cache=True, names_filter=["resid_post", "embed"],
                                  stop_at_eos=False)  # fmt: skip
     metrics = {m.name: m for m in model.llm.get_metrics()}
@@ -69,7 +69,7 @@ def test_rows_never_mix_under_preemption_and_prefix_caching(fresh_engine, oracle
     for row, seq, cache in zip(prompts, out, caches, strict=True):
         assert seq == hf_greedy(ref, row, 24)
         _, ref_cache = ref.run_with_cache(torch.tensor([seq]), names_filter=["resid_post", "embed"])
-        for name in ref_cache.keys():
+        for name in ref_cache:
             assert (cache[name] - ref_cache[name]).abs().max() < 1e-5, name
 
 

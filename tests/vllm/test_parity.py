@@ -13,7 +13,7 @@ TOKENS = [[1, 5, 7, 9, 11, 13, 17], [1, 8, 3], [1, 30, 31, 32, 33]]
 def max_diffs(cache, ref):
     assert sorted(cache.keys()) == sorted(ref.keys())
     out = {}
-    for name in ref.keys():
+    for name in ref:
         assert cache[name].shape == ref[name].shape, name
         out[name] = (cache[name].float() - ref[name].float()).abs().max().item()
     return out

@@ -170,8 +170,9 @@ class VLLMBridge:
             return self.forward(input, **kwargs)
 
     # -- forwards ----------------------------------------------------------------------------------------------------
-    def forward(self, input: Prompt, prepend_bos: bool | None = None,
-                interventions: Sequence[Any] | None = None) -> Float[Tensor, "batch pos d_vocab"] | list[Tensor]:  # fmt: skip
+    def forward(
+        self, input: Prompt, prepend_bos: bool | None = None, interventions: Sequence[Any] | None = None
+    ) -> Float[Tensor, "batch pos d_vocab"] | list[Tensor]:
         """Logits of every position: ``[batch, pos, d_vocab]``, or one ``[1, pos, d_vocab]`` per request when the
         prompts differ in length.
 
@@ -291,7 +292,7 @@ class VLLMBridge:
             raise ValueError("Every request needs at least one token.")
         return rows, len({len(r) for r in rows}) > 1
 
-    # -- generation ------------------------------------------------------------------------------------------------------
+    # -- generation ----------------------------------------------------------------------------------------------------
     def generate(self, input: Prompt, max_new_tokens: int | None = None, *, return_cache: bool = False,
                  names_filter: NameFilter = None, device: str | torch.device | None = None,
                  return_type: str = "input", return_dict: bool = False, prepend_bos: bool | None = None,
@@ -333,7 +334,8 @@ class VLLMBridge:
                 best = sorted(step.items(), key=lambda kv: -kv[1].logprob)[: fields["logprobs"]]
                 ids.append([t for t, _ in best])
                 tops.append([lp.logprob for _, lp in best])
-            gen.logprobs, gen.top_logprobs, gen.top_tokens = torch.tensor(chosen), torch.tensor(tops), torch.tensor(ids)
+            gen.logprobs, gen.top_logprobs = torch.tensor(chosen), torch.tensor(tops)
+            gen.top_tokens = torch.tensor(ids)
         return gen
 
     def _shape(self, input: Prompt, results: list[VLLMGeneration], return_type: str, return_dict: bool) -> Any:
@@ -353,6 +355,6 @@ def _stack(caches: list[ActivationCache], model: VLLMBridge) -> ActivationCache:
     """Requests of one length as one cache with a batch axis."""
     if len(caches) == 1:
         return caches[0]
-    tensors = {k: torch.cat([c[k] for c in caches]) for k in caches[0].keys()}
+    tensors = {k: torch.cat([c[k] for c in caches]) for k in caches[0]}
     mask = torch.cat([c.attention_mask for c in caches])
     return ActivationCache(tensors, model, attention_mask=mask)

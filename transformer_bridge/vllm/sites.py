@@ -210,10 +210,14 @@ def layer_sites(model: nn.Module, fam: Family, i: int, sh: Shards) -> list[Site]
         Site(layer, "pre", rms_points(f"{b}.ln1", _eps(ln1), resid_pre)),
         Site(ln1, "fwd", [Point(f"{b}.attn.hook_in", ln1_out, lambda o, n, r: _with_first(o, n))]),
         Site(sub(fam.qkv), "fwd", [Point(f"{b}.attn.hook_{c}", qkv_get(j), qkv_put(j)) for j, c in enumerate("qkv")]),
-        Site(sub(fam.core), "pre", [
-            Point(f"{b}.attn.hook_rot_q", core_get(0, "query"), core_put(0, "query")),
-            Point(f"{b}.attn.hook_rot_k", core_get(1, "key"), core_put(1, "key")),
-        ]),  # fmt: skip
+        Site(
+            sub(fam.core),
+            "pre",
+            [
+                Point(f"{b}.attn.hook_rot_q", core_get(0, "query"), core_put(0, "query")),
+                Point(f"{b}.attn.hook_rot_k", core_get(1, "key"), core_put(1, "key")),
+            ],
+        ),
         Site(o_proj, "pre", [Point(f"{b}.attn.hook_z", z_get, z_put), Point(f"{b}.attn.hook_result", result, None)]),
         Site(o_proj, "fwd", [Point(f"{b}.hook_attn_out", _first, lambda o, n, r: _with_first(o, n))]),
         Site(ln2, "pre", [Point(f"{b}.hook_resid_mid", resid_mid, put_resid_mid)]),
@@ -252,8 +256,11 @@ def _gated_mlp_sites(gate_up: nn.Module, down: nn.Module, b: str, sh: Shards) ->
     post_get = lambda x: sh.gather(x[0][0])  # noqa: E731
     post_put = lambda x, new, rows: ((sh.local(new).contiguous(), *x[0][1:]), x[1])  # noqa: E731
     return [
-        Site(gate_up, "fwd", [Point(f"{b}.mlp.hook_pre", half(0), put_half(0)),
-                              Point(f"{b}.mlp.hook_pre_linear", half(1), put_half(1))]),  # fmt: skip
+        Site(
+            gate_up,
+            "fwd",
+            [Point(f"{b}.mlp.hook_pre", half(0), put_half(0)), Point(f"{b}.mlp.hook_pre_linear", half(1), put_half(1))],
+        ),
         Site(down, "pre", [Point(f"{b}.mlp.hook_post", post_get, post_put)]),
     ]
 
@@ -276,9 +283,13 @@ def model_sites(model: nn.Module, fam: Family, n_layers: int, sh: Shards) -> lis
         sites += layer_sites(model, fam, i, sh)
     sites += [
         Site(norm, "pre", rms_points("ln_final", _eps(norm), final_resid)),
-        Site(norm, "fwd", [
-            Point("unembed.hook_in", _first, lambda o, n, r: _with_first(o, n)),
-            Point("unembed.hook_out", lambda out: logits(_first(out)), None),
-        ]),  # fmt: skip
+        Site(
+            norm,
+            "fwd",
+            [
+                Point("unembed.hook_in", _first, lambda o, n, r: _with_first(o, n)),
+                Point("unembed.hook_out", lambda out: logits(_first(out)), None),
+            ],
+        ),
     ]
     return sites

@@ -190,10 +190,7 @@ class Taps:
         pos = positions[None]
         mode = tag.get("mode", "forward")
         first = int(pos[0, 0]) if pos.numel() else 0
-        if mode == "generate":
-            phase = "prefill" if first < row.n_prompt else "decode"
-        else:
-            phase = mode
+        phase = ("prefill" if first < row.n_prompt else "decode") if mode == "generate" else mode
         generated = pos >= row.n_prompt if mode == "generate" else torch.zeros_like(pos, dtype=torch.bool)
         step = max(0, first - row.n_prompt + 1) if phase == "decode" else 0
         return RequestContext(int(tag["index"]), phase, pos, generated, torch.zeros_like(generated), step)
