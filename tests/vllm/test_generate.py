@@ -4,6 +4,8 @@ under continuous batching (staggered lengths, preemption, prefix caching)."""
 import pytest
 import torch
 
+pytest.importorskip("vllm.entrypoints.llm")  # skipped without vLLM (the [vllm] extra)
+
 from transformer_bridge.vllm import UnsupportedOptionError
 
 PROMPTS = [[1, 5, 7, 9, 11, 13, 17, 19, 23], [1, 8], [1, 30, 31, 32, 33], [1, 4, 4, 4]]

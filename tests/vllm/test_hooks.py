@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+pytest.importorskip("vllm.entrypoints.llm")  # skipped without vLLM (the [vllm] extra)
+
 from transformer_bridge.vllm import CompiledEngineError, Intervention
 
 PROMPTS = [[1, 5, 7, 9, 11], [1, 8, 3], [1, 30, 31, 32, 33, 34, 35]]

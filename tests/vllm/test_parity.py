@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+pytest.importorskip("vllm.entrypoints.llm")  # skipped without vLLM (the [vllm] extra)
+
 from transformer_bridge.vllm import FusedPointError
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "phi3"]  # tests/vllm/conftest.py builds them

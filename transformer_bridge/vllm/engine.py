@@ -63,7 +63,12 @@ def run_requests(
                                                 skip_reading_prefix_cache=skip))  # fmt: skip
         ids.append(rid)
     try:
-        llm.collective_rpc(worker.set_plan, args=(sorted(capture), fns, intervened))
+        sent: Any = fns
+        if fns and not internals.in_process(llm):  # functions cross to worker processes; their effects stay there
+            import cloudpickle  # a dependency of vLLM
+
+            sent = cloudpickle.dumps(fns)
+        llm.collective_rpc(worker.set_plan, args=(sorted(capture), sent, intervened))
         outputs = llm.generate(prompts, params, use_tqdm=False)
         taken = {}
         if capture:

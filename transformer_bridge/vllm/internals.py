@@ -10,6 +10,7 @@ function that raises `VLLMInternalsError` naming what moved and the installed re
 
 import dataclasses
 import importlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -72,6 +73,12 @@ def is_compiled(llm: Any) -> bool:
     """Whether the engine compiles the model (vLLM's default; ``enforce_eager=True`` turns it off)."""
     mode = _need(engine_config(llm), "compilation_config.mode", "the compilation mode")
     return int(mode) != 0  # CompilationMode.NONE
+
+
+def in_process(llm: Any) -> bool:
+    """Whether the engine's one worker runs in this process (then hooks are plain calls, closures included)."""
+    executor = _need(engine_config(llm), "parallel_config.distributed_executor_backend", "the executor backend")
+    return executor in (None, "uni") and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
 
 
 def tokenizer_of(llm: Any) -> Any:

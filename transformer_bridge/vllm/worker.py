@@ -254,7 +254,12 @@ def describe(worker: Any) -> dict[str, Any]:
     }
 
 
-def set_plan(worker: Any, capture: list[str], fns: dict[str, list[Callable]], intervened: list[str]) -> None:
+def set_plan(worker: Any, capture: list[str], fns: dict[str, list[Callable]] | bytes, intervened: list[str]) -> None:
+    """Install a plan; ``fns`` arrive cloudpickled (bytes) when the workers are other processes."""
+    if isinstance(fns, bytes):
+        import cloudpickle  # a dependency of vLLM: only multi-process engines send pickled functions
+
+        fns = cloudpickle.loads(fns)
     taps_of(worker).set_plan(set(capture), fns, set(intervened))
 
 
