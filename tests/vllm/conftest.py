@@ -93,7 +93,14 @@ def engine(tiny_dir):
 
 @pytest.fixture(scope="session")
 def fresh_engine(tiny_dir):
-    """A new eager vLLM bridge with extra engine keywords (not shared)."""
+    """A new eager vLLM bridge with extra engine keywords (not shared). Each is kept until the session ends: an
+    in-process engine that is freed tears down vLLM's process-wide parallel state, which the others still use."""
     from transformer_bridge.vllm import VLLMBridge
 
-    return lambda family, **kwargs: VLLMBridge.from_pretrained(tiny_dir(family), **{**ENGINE, **kwargs})
+    kept = []
+
+    def make(family: str, **kwargs):
+        kept.append(VLLMBridge.from_pretrained(tiny_dir(family), **{**ENGINE, **kwargs}))
+        return kept[-1]
+
+    return make

@@ -210,21 +210,14 @@ class Family:
     gate_up: str | None = "mlp.gate_up_proj"
     down: str | None = "mlp.down_proj"
     qk_norm: tuple[str, str] | None = None  # Qwen3's per-head q/k norms (before RoPE)
-    router: str | None = None  # a mixture of experts: the router's linear layer
-    experts: str | None = None  # ... and the fused experts module
+    # Points the HF bridge has for the family that this class computes inside one fused kernel ("{layer}" per block)
+    fused: tuple[str, ...] = ()
 
 
 LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM")
 FAMILIES: tuple[Family, ...] = (
     Family(classes=LLAMA_LIKE),
     Family(classes=("Qwen3ForCausalLM",), qk_norm=("self_attn.q_norm", "self_attn.k_norm")),
-    Family(
-        classes=("Qwen2MoeForCausalLM",),
-        gate_up=None,
-        down=None,
-        router="mlp.gate",
-        experts="mlp.experts",
-    ),
 )
 
 
@@ -270,12 +263,5 @@ def unembed_logits(model: nn.Module) -> Callable[[Tensor], Tensor]:
 
 def fused_points(info: dict[str, Any]) -> list[str]:
     """Names the HF bridge serves for this family that vLLM's engine computes inside a fused kernel."""
-    if info["class"] in ("Qwen2MoeForCausalLM",):
-        n_experts = int(info.get("n_experts", 0))
-        return [
-            f"blocks.{i}.mlp.experts.{e}.{p}"
-            for i in range(info["n_layers"])
-            for e in range(n_experts)
-            for p in ("hook_in", "hook_pre", "hook_pre_linear", "hook_post", "hook_out")
-        ]
-    return []
+    fam = next(f for f in FAMILIES if info["class"] in f.classes)
+    return [p.format(layer=i) for p in fam.fused for i in range(info["n_layers"])]

@@ -131,6 +131,8 @@ class Taps:
             if name not in self.capture and name not in self.fns and name not in self.intervened:
                 continue
             t = point.get(x)
+            if t is None:  # a gather to rank 0 (the logits on some platforms): other ranks hold nothing
+                continue
             new, rows = self._run_point(name, t, point.put is not None)
             if rows is not None:
                 x = point.put(x, new, rows)
