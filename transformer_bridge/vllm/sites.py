@@ -193,16 +193,20 @@ def layer_sites(model: nn.Module, fam: Family, i: int, sh: Shards) -> list[Site]
 
     def result(x: Any) -> Tensor:
         """Per-head outputs: each head's z alone through vLLM's own o_proj (its weights may be repacked for the
-        CPU kernels, so they are not read); a bias is counted once, in ``hook_attn_out``, as the HF bridge does."""
+        CPU kernels, so they are not read); a bias is counted once, in ``hook_attn_out``, as the HF bridge does.
+        Under tensor parallelism o_proj sums over ranks, so every rank runs each global head in turn (zeros where it
+        does not own it) and the sum is that head alone."""
         z = x[0][0]
         heads = z.reshape(z.shape[0], -1, d_head)
+        n_local = heads.shape[1]
         zero = o_proj.forward(torch.zeros_like(z))[0]
         outs = []
-        for h in range(heads.shape[1]):
+        for g in range(n_local * sh.size):
             alone = torch.zeros_like(heads)
-            alone[:, h] = heads[:, h]
+            if sh.rank * n_local <= g < (sh.rank + 1) * n_local:
+                alone[:, g - sh.rank * n_local] = heads[:, g - sh.rank * n_local]
             outs.append(o_proj.forward(alone.reshape(z.shape))[0] - zero)
-        return sh.gather_heads(torch.stack(outs, dim=1))
+        return torch.stack(outs, dim=1)
 
     ln1_out = lambda out: _first(out)  # noqa: E731
     sites = [
