@@ -99,8 +99,9 @@ def fresh_engine(tiny_dir):
 
     kept = []
 
-    def make(family: str, **kwargs):
-        kept.append(VLLMBridge.from_pretrained(tiny_dir(family), **{**ENGINE, **kwargs}))
+    def make(family: str, **kwargs):  # a family of FAMILIES, or a model folder
+        path = tiny_dir(family) if family in FAMILIES else family
+        kept.append(VLLMBridge.from_pretrained(path, **{**ENGINE, **kwargs}))
         return kept[-1]
 
     return make
