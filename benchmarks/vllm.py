@@ -115,11 +115,12 @@ def main() -> None:
     times: dict[str, list[float]] = {k: [] for k in variants}
     for fn in variants.values():  # warm-up
         fn()
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         for name, fn in variants.items():
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
+            print(f"round {r}: {name}: {times[name][-1]:.3f} s", flush=True)  # partial results survive a timeout
     tokens_out = args.batch * n_new
     base = statistics.median(times["vLLM eager"])
     print(f"{path}: batch {args.batch}, {n_new} new tokens each, median of {args.rounds} rounds")
