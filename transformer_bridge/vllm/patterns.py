@@ -1,9 +1,9 @@
 """Attention scores and patterns recomputed from cached post-RoPE queries and keys, as the HF bridge computes them.
 
 vLLM's attention kernels never materialise the pattern; for the layers asked for, the bridge captures
-``hook_rot_q`` / ``hook_rot_k`` and computes ``scores = q kᵀ · scale`` (GQA keys repeated per query head), masked
-with the dtype's minimum where a query may not look (causal, and the sliding window when the layer has one), and
-``pattern = softmax(scores)`` in float32.
+``hook_rot_q`` / ``hook_rot_k`` and computes ``scores = q kᵀ · scale`` (GQA keys repeated per query head), shown as
+-inf where a query may not look (causal, and the sliding window when the layer has one; TransformerLens' convention),
+and ``pattern = softmax(scores)`` in float32 with HF's fill (the dtype's minimum) there.
 """
 
 import torch
@@ -32,6 +32,7 @@ def scores_and_pattern(
     allowed = ki <= qi
     if sliding_window is not None:
         allowed &= qi - ki < sliding_window
-    scores = scores.masked_fill(~allowed.to(scores.device), torch.finfo(scores.dtype).min)
-    pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return scores, pattern
+    blocked = ~allowed.to(scores.device)
+    filled = scores.masked_fill(blocked, torch.finfo(scores.dtype).min)  # HF's fill, for the softmax
+    pattern = torch.softmax(filled, dim=-1, dtype=torch.float32).to(q.dtype)
+    return scores.masked_fill(blocked, float("-inf")), pattern
