@@ -1,0 +1,65 @@
+"""Every hook point of vLLM's model against the HF bridge's `run_with_cache` on the same weights (fp32, CPU)."""
+
+import pytest
+import torch
+
+pytest.importorskip("vllm.entrypoints.llm")  # skipped without vLLM (the [vllm] extra)
+
+from transformer_bridge.vllm import FusedPointError
+
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "phi3"]  # tests/vllm/conftest.py builds them
+
+TOKENS = [[1, 5, 7, 9, 11, 13, 17], [1, 8, 3], [1, 30, 31, 32, 33]]
+
+
+def max_diffs(cache, ref):
+    assert sorted(cache.keys()) == sorted(ref.keys())
+    out = {}
+    for name in ref:
+        assert cache[name].shape == ref[name].shape, name
+        a, b = cache[name].float(), ref[name].float()
+        out[name] = torch.where(a == b, 0.0, (a - b).abs()).max().item()  # blocked scores are -inf in both
+    return out
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_point_equals_hf(family, engine, oracle):
+    model, ref = engine(family), oracle(family)
+    logits, caches = model.run_with_cache(TOKENS)  # ragged: one cache per request, in one engine call
+    assert len(caches) == len(TOKENS)
+    for row, lg, cache in zip(TOKENS, logits, caches, strict=True):
+        ref_logits, ref_cache = ref.run_with_cache(torch.tensor([row]))
+        assert (lg - ref_logits).abs().max() < 1e-5
+        diffs = max_diffs(cache, ref_cache)
+        worst = max(diffs, key=diffs.get)
+        assert diffs[worst] < 1e-5, (worst, diffs[worst])
+
+
+def test_same_length_requests_stack(engine, oracle):
+    model, ref = engine("llama"), oracle("llama")
+    tokens = torch.tensor([[1, 5, 7, 9], [1, 9, 8, 7]])
+    logits, cache = model.run_with_cache(tokens, names_filter="resid_post")
+    ref_logits, ref_cache = ref.run_with_cache(tokens, names_filter="resid_post")
+    assert logits.shape == ref_logits.shape and (logits - ref_logits).abs().max() < 1e-5
+    assert (cache["resid_post", 1] - ref_cache["resid_post", 1]).abs().max() < 1e-5
+    assert list(cache.keys()) == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+
+
+def test_patterns_only_for_layers_asked(engine, oracle):
+    model, ref = engine("llama"), oracle("llama")
+    _, cache = model.run_with_cache([[1, 4, 6, 8]], names_filter=["blocks.1.attn.hook_pattern"])
+    _, ref_cache = ref.run_with_cache(torch.tensor([[1, 4, 6, 8]]), names_filter=["blocks.1.attn.hook_pattern"])
+    assert list(cache.keys()) == ["blocks.1.attn.hook_pattern"]
+    assert (cache["pattern", 1] - ref_cache["pattern", 1]).abs().max() < 1e-6
+
+
+def test_unknown_and_fused_names_raise(engine):
+    model = engine("llama")
+    with pytest.raises(KeyError, match="hook_resid_post"):
+        model.run_with_cache([[1, 2]], names_filter="blocks.0.hook_resid_pots")
+    model.names.fused.append("blocks.0.mlp.experts.0.hook_in")  # as a fused-MoE engine lists its experts
+    try:
+        with pytest.raises(FusedPointError, match=r"blocks\.0\.mlp\.experts\.0\.hook_in.*fused away"):
+            model.run_with_cache([[1, 2]], names_filter=["blocks.0.mlp.experts.0.hook_in"])
+    finally:
+        model.names.fused.pop()

@@ -1,0 +1,267 @@
+"""Everything the bridge knows about vLLM's internals, in one place.
+
+vLLM moves its internal classes every few releases. The bridge reads only what is listed here: the declared
+range of releases, the model classes it maps onto TransformerLens names (`FAMILIES`), where a worker keeps its
+model runner and the requests of the batch being run (`batch_rows`), the forward context that carries the
+batch's query offsets, the tensor-parallel collectives, and the compilation switch. Each read goes through a
+function that raises `VLLMInternalsError` naming what moved and the installed release, never an
+`AttributeError` from deep inside a hook.
+"""
+
+import dataclasses
+import importlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+TESTED_RANGE = ("0.32.0", "0.33")  # [lowest tested, first untested minor)
+EXTRA_KEY = "transformer_bridge"  # the key of a request's `SamplingParams.extra_args` the bridge owns
+
+
+class VLLMInternalsError(RuntimeError):
+    """vLLM's internals differ from what the bridge was written against (a release outside `TESTED_RANGE`)."""
+
+
+def version() -> str:
+    """The installed vLLM release."""
+    return importlib.import_module("vllm").__version__
+
+
+def _moved(what: str) -> VLLMInternalsError:
+    lo, hi = TESTED_RANGE
+    return VLLMInternalsError(
+        f"vLLM {version()}: {what}. transformer_bridge.vllm is tested with vLLM >={lo},<{hi}; install a release "
+        f"in that range (pip install 'vllm>={lo},<{hi}'), or update transformer_bridge/vllm/internals.py."
+    )
+
+
+def _parts(v: str) -> tuple[int, ...]:
+    out = []
+    for piece in v.split("+")[0].split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit())
+        out.append(int(digits) if digits else 0)
+    return tuple(out)
+
+
+def check_version() -> None:
+    """Raise `VLLMInternalsError` when the installed vLLM lies outside `TESTED_RANGE`."""
+    lo, hi = TESTED_RANGE
+    if not (_parts(lo) <= _parts(version()) < _parts(hi)):
+        raise _moved("this release is outside the tested range")
+
+
+def _need(obj: Any, path: str, what: str) -> Any:
+    for attr in path.split("."):
+        if not hasattr(obj, attr):
+            raise _moved(f"{what}: `{type(obj).__name__}` has no attribute `{attr}` (reading `{path}`)")
+        obj = getattr(obj, attr)
+    return obj
+
+
+# -- the engine, from the driver --------------------------------------------------------------------------------
+
+
+def engine_config(llm: Any) -> Any:
+    """The engine's `VllmConfig`."""
+    return _need(llm, "llm_engine.vllm_config", "the engine's config")
+
+
+def is_compiled(llm: Any) -> bool:
+    """Whether the engine compiles the model (vLLM's default; ``enforce_eager=True`` turns it off)."""
+    mode = _need(engine_config(llm), "compilation_config.mode", "the compilation mode")
+    return int(mode) != 0  # CompilationMode.NONE
+
+
+def in_process(llm: Any) -> bool:
+    """Whether the engine's one worker runs in this process (then hooks are plain calls, closures included)."""
+    executor = _need(engine_config(llm), "parallel_config.distributed_executor_backend", "the executor backend")
+    return executor in (None, "uni") and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+
+
+def tokenizer_of(llm: Any) -> Any:
+    """The engine's HF tokenizer, or None when it was started with ``skip_tokenizer_init=True``."""
+    try:
+        return llm.get_tokenizer()
+    except (ValueError, RuntimeError, AttributeError):
+        return None
+
+
+def prompt(token_ids: list[int], salt: str | None) -> dict[str, Any]:
+    """One request's prompt as vLLM takes token ids; ``salt`` keeps its KV blocks out of others' prefix cache."""
+    out: dict[str, Any] = {"prompt_token_ids": list(token_ids)}
+    if salt is not None:
+        out["cache_salt"] = salt
+    return out
+
+
+def sampling_params(**fields: Any) -> Any:
+    """vLLM's `SamplingParams` (the fields are vLLM's names)."""
+    from vllm import SamplingParams  # optional dependency: imported where vLLM is used
+
+    return SamplingParams(**fields)
+
+
+# -- inside a worker ----------------------------------------------------------------------------------------------
+
+
+def worker_model(worker: Any) -> nn.Module:
+    """The model a worker runs (``collective_rpc`` hands functions the worker)."""
+    runner = worker_runner(worker)
+    model = _need(runner, "model", "the model runner's model")
+    return getattr(model, "module", model)  # unwrapped when a runner wraps it
+
+
+def worker_runner(worker: Any) -> Any:
+    return _need(worker, "model_runner", "the worker's model runner")
+
+
+def tp_rank_size() -> tuple[int, int]:
+    """This worker's tensor-parallel rank and the group's size."""
+    from vllm.distributed import parallel_state
+
+    return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
+
+
+def all_gather(t: Tensor) -> Tensor:
+    """Concatenate every tensor-parallel rank's shard of ``t`` along its last axis."""
+    from vllm.distributed import communication_op
+
+    return communication_op.tensor_model_parallel_all_gather(t.contiguous(), dim=-1)
+
+
+@dataclasses.dataclass
+class Row:
+    """One request's slice of the flattened batch a forward runs: rows ``start:stop`` of every activation."""
+
+    req_id: str
+    tag: dict[str, Any] | None  # the request's ``extra_args[EXTRA_KEY]``; None for requests the bridge did not send
+    start: int
+    stop: int
+    n_prompt: int
+
+
+def batch_rows(runner: Any, n_tokens: int) -> list[Row]:
+    """The requests of the forward being run and their rows, from the step's own metadata: the query offsets of
+    the attention metadata in the forward context, and the order of the runner's input batch."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        raise _moved("no forward context is set while the model runs")
+    meta = get_forward_context().attn_metadata
+    if isinstance(meta, list):  # micro-batching: one dict per micro-batch
+        raise _moved("micro-batched forward contexts (a list of metadata dicts) are not supported")
+    offsets = None
+    for m in (meta or {}).values():
+        offsets = getattr(m, "query_start_loc_cpu", None)
+        if offsets is None:
+            offsets = getattr(m, "query_start_loc", None)
+        if offsets is not None:
+            break
+    req_ids = _need(runner, "input_batch.req_ids", "the runner's batch order")
+    if offsets is None:
+        if meta:
+            raise _moved("the attention metadata carries no `query_start_loc`")
+        return []  # a dummy run (profiling) before any request
+    offsets = offsets.tolist()
+    requests = _need(runner, "requests", "the runner's request states")
+    rows = []
+    for i, req_id in enumerate(req_ids[: len(offsets) - 1]):
+        if req_id is None:
+            continue
+        start, stop = int(offsets[i]), int(offsets[i + 1])
+        if stop > n_tokens:
+            raise _moved(f"query offsets ({stop}) beyond the forward's {n_tokens} tokens")
+        state = requests.get(req_id)
+        params = getattr(state, "sampling_params", None)
+        extra = getattr(params, "extra_args", None) or {}
+        n_prompt = len(getattr(state, "prompt_token_ids", None) or ())
+        rows.append(Row(req_id, extra.get(EXTRA_KEY), start, stop, n_prompt))
+    return rows
+
+
+def model_is_compiled(model: nn.Module) -> bool:
+    """Whether the worker's model runs compiled code (then torch hooks registered now never fire)."""
+    inner = getattr(model, "model", None)
+    return inner is not None and hasattr(inner, "do_not_compile") and not inner.do_not_compile
+
+
+# -- model classes: where each family keeps the modules the points come from --------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """Where one of vLLM's model classes keeps its modules (paths relative to the model, then to a layer)."""
+
+    classes: tuple[str, ...]
+    layers: str = "model.layers"
+    embed: str = "model.embed_tokens"
+    final_norm: str = "model.norm"
+    lm_head: str = "lm_head"
+    ln1: str = "input_layernorm"
+    ln2: str = "post_attention_layernorm"
+    attn: str = "self_attn"
+    qkv: str = "self_attn.qkv_proj"
+    core: str = "self_attn.attn"
+    o_proj: str = "self_attn.o_proj"
+    mlp: str = "mlp"
+    gate_up: str | None = "mlp.gate_up_proj"
+    down: str | None = "mlp.down_proj"
+    qk_norm: tuple[str, str] | None = None  # Qwen3's per-head q/k norms (before RoPE)
+    # Points the HF bridge has for the family that this class computes inside one fused kernel ("{layer}" per block)
+    fused: tuple[str, ...] = ()
+
+
+LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM")
+FAMILIES: tuple[Family, ...] = (
+    Family(classes=LLAMA_LIKE),
+    Family(classes=("Qwen3ForCausalLM",), qk_norm=("self_attn.q_norm", "self_attn.k_norm")),
+)
+
+
+def family_of(model: nn.Module) -> Family:
+    """The `Family` of a worker's model, or `VLLMInternalsError` naming the class and those supported."""
+    name = type(model).__name__
+    for fam in FAMILIES:
+        if name in fam.classes:
+            return fam
+    known = sorted(c for f in FAMILIES for c in f.classes)
+    raise VLLMInternalsError(
+        f"vLLM {version()} runs this model as `{name}`, which transformer_bridge.vllm does not map onto hook names "
+        f"yet; supported classes: {known}."
+    )
+
+
+def submodule(root: nn.Module, path: str, what: str) -> nn.Module:
+    """``root``'s submodule at a dotted ``path``, or `VLLMInternalsError` naming it."""
+    try:
+        return root.get_submodule(path)
+    except AttributeError:
+        raise _moved(f"`{type(root).__name__}` has no `{path}` ({what})") from None
+
+
+def head_sizes(attn: nn.Module) -> tuple[int, int, int, float]:
+    """``(local q heads, local kv heads, head dim, softmax scale)`` of one of vLLM's attention blocks."""
+    n_q = _need(attn, "num_heads", "the attention block's head count")
+    n_kv = _need(attn, "num_kv_heads", "the attention block's kv-head count")
+    d = _need(attn, "head_dim", "the attention block's head size")
+    return int(n_q), int(n_kv), int(d), float(_need(attn, "scaling", "the attention block's softmax scale"))
+
+
+def unembed_logits(model: nn.Module) -> Callable[[Tensor], Tensor]:
+    """A function from final-normed hidden states to the logits vLLM's model computes from them."""
+    compute = _need(model, "compute_logits", "the model's `compute_logits`")
+
+    def logits(hidden: Tensor) -> Tensor:
+        with torch.no_grad():
+            return compute(hidden)
+
+    return logits
+
+
+def fused_points(info: dict[str, Any]) -> list[str]:
+    """Names the HF bridge serves for this family that vLLM's engine computes inside a fused kernel."""
+    fam = next(f for f in FAMILIES if info["class"] in f.classes)
+    return [p.format(layer=i) for p in fam.fused for i in range(info["n_layers"])]
