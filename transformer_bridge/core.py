@@ -1,7 +1,5 @@
-"""`BridgeCore`: wrap/load an unmodified HF causal LM, tokens, forward, hooks and caches.
-
-The core imports neither generation nor relevance: those are functions over a `BridgeCore`, and
-`TransformerBridge` (``bridge.py``) is the public class that ties them together.
+"""`BridgeCore`: wrap/load an unmodified HF causal LM, tokens, forward, hooks and caches. The core imports neither
+generation nor relevance: those are functions over a `BridgeCore`, tied together by `TransformerBridge` (bridge.py).
 """
 
 import contextlib
