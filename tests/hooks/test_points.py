@@ -108,7 +108,7 @@ def test_ctx_forward_positions_with_left_padding(model):
         seen["ctx"] = hook.chunk  # hook.ctx reads the chunk only while the call runs; hook.chunk can be kept
         assert hook.ctx.positions is hook.chunk.positions
 
-    model.run_with_hooks(["Hi", "Hello"], fwd_hooks=[("blocks.0.hook_resid_pre", record)])
+    model.run_with_hooks(["Hi", "Hello"], fwd_hooks=[("blocks.0.hook_resid_pre", record)], padding_side="left")
     ctx = seen["ctx"]
     assert ctx.phase == "forward" and ctx.step == 0
     # "<bos>Hi" is 3 tokens, "<bos>Hello" 6: the first row has 3 pads on the left.
@@ -126,5 +126,7 @@ def test_position_specific_steering_is_padding_independent(model):
 
     with torch.no_grad(), model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", steer)]):
         alone = model("Hi")[0]
-        batch = model(["Hi", "Hello there"])[0, -alone.shape[0] :]
+        batch = model(["Hi", "Hello there"], padding_side="left")[0, -alone.shape[0] :]
+        right = model(["Hi", "Hello there"])[0, : alone.shape[0]]  # as to_tokens pads: the row first
     torch.testing.assert_close(batch, alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(right, alone, atol=1e-5, rtol=1e-5)
