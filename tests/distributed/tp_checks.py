@@ -76,8 +76,8 @@ def run_checks(model) -> dict[str, Tensor]:
         out["logits"] = model(TOKENS)
         out["logits_padded"] = model(pair)
 
-    # Every point read: the whole cache, padded batch.
-    _, cache = model.run_with_cache(pair)
+    # Every point read, padded batch: named one by one, so the head results (computed on demand) are in it too.
+    _, cache = model.run_with_cache(pair, names_filter=list(model.hook_dict))
     for name in model.hook_dict:
         if name in cache:
             out[f"cache/{name}"] = cache[name]
