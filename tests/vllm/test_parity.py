@@ -7,7 +7,7 @@ pytest.importorskip("vllm.entrypoints.llm")  # skipped without vLLM (the [vllm] 
 
 from transformer_bridge.vllm import FusedPointError
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "phi3"]  # tests/vllm/conftest.py builds them
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "phi3"]  # tests/conftest.py builds them (VLLM_FAMILIES)
 
 TOKENS = [[1, 5, 7, 9, 11, 13, 17], [1, 8, 3], [1, 30, 31, 32, 33]]
 
