@@ -16,6 +16,11 @@ RECOMPUTED = ("attn.hook_attn_scores", "attn.hook_pattern")  # from rot_q / rot_
 NameFilter = str | Sequence[str] | Callable[[str], bool] | None
 
 
+# Points a full cache or a predicate leaves out unless they alone are asked for (the HF bridge's on-demand head
+# results).
+ON_DEMAND = ".attn.hook_result"
+
+
 class FusedPointError(KeyError):
     """A hook point that exists in the HF model but that vLLM's engine computes inside a fused kernel."""
 
@@ -51,11 +56,15 @@ class ServedNames:
 
     def matching(self, names_filter: NameFilter, param: str = "names_filter") -> list[str]:
         """The served names a filter selects: None (all), a name, a shorthand (``"resid_post"``: every layer's), a
-        list of names, or a predicate."""
+        list of names, or a predicate. As in the HF bridge (``use_attn_result=False``, TransformerLens' default), the
+        per-head results are computed on demand: named, or matched by a predicate that matches nothing else."""
         if names_filter is None:
-            return list(self.all)
+            return [n for n in self.all if not n.endswith(ON_DEMAND)]
         if callable(names_filter):
-            return [n for n in self.all if names_filter(n)]
+            names = [n for n in self.all if names_filter(n)]
+            if not all(n.endswith(ON_DEMAND) for n in names):
+                names = [n for n in names if not n.endswith(ON_DEMAND)]
+            return names
         if isinstance(names_filter, str):
             return self._one(names_filter, param)
         if isinstance(names_filter, (list, tuple, set)):
