@@ -188,7 +188,7 @@ def test_in_place_edits_equal_returned_edits_on_every_point(model):
         x.mul_(0.5).add_(0.1)
 
     plain = _hf_logits(model)
-    _, cache = model.run_with_cache(TOKENS)
+    _, cache = model.run_with_cache(TOKENS, names_filter=list(model.hook_dict))  # head results too: named
     seen = []
     with torch.no_grad():
         for name in model.hook_dict:

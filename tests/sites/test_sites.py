@@ -310,7 +310,9 @@ def test_rotated_q_edit_scales_scores(model):
 
 
 def test_head_results_sum_and_edit(model):
-    _, cache = model.run_with_cache(TOKENS, names_filter=lambda n: n.startswith(f"blocks.{LAYER}.attn.hook_"))
+    # Named one by one, so the head results (computed on demand) are in the cache.
+    attn_points = [n for n in model.hook_dict if n.startswith(f"blocks.{LAYER}.attn.hook_")]
+    _, cache = model.run_with_cache(TOKENS, names_filter=attn_points)
     o_proj = get_module(model.hf_model, _block(model, model.adapter.o_proj))
     bias = o_proj.bias if getattr(o_proj, "bias", None) is not None else 0
     result = cache["result", LAYER]
