@@ -197,7 +197,7 @@ def test_in_place_edits_equal_returned_edits_on_every_point(model):
             expected = model.run_with_hooks(TOKENS, fwd_hooks=[(name, returned)])
             assert not torch.allclose(expected, plain), name
             torch.testing.assert_close(model.run_with_hooks(TOKENS, fwd_hooks=[(name, in_place)]), expected, msg=name)
-        read = model.run_with_hooks(TOKENS, fwd_hooks=[(lambda n: True, lambda x, h: seen.append(h.name))])
+        read = model.run_with_hooks(TOKENS, fwd_hooks=[(list(model.hook_dict), lambda x, h: seen.append(h.name))])
     assert torch.equal(read, plain) and set(seen) == set(model.hook_dict)
 
 
