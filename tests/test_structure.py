@@ -37,3 +37,15 @@ def test_no_module_is_much_over_500_lines():
         str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > LIMIT
     }
     assert long == {}
+
+
+def test_test_files_have_unique_basenames():
+    """tests/ has no __init__.py files, so pytest imports each test file by its basename: two files of one name in
+    different folders stop the collection of the whole suite ("import file mismatch")."""
+    tests = Path(__file__).parent
+    names: dict[str, list[str]] = {}
+    for p in tests.rglob("*.py"):
+        if ".venv" not in p.parts:
+            names.setdefault(p.name, []).append(str(p.relative_to(tests)))
+    repeated = {name: paths for name, paths in names.items() if len(paths) > 1 and name != "conftest.py"}
+    assert repeated == {}
