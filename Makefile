@@ -27,7 +27,7 @@ demo: setup
 	$(PY) examples/demo.py
 
 test: setup
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n auto
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
