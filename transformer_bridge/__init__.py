@@ -43,6 +43,7 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     "Relevance": (".relevance", "Relevance"),
     "RelevanceRun": (".relevance", "RelevanceRun"),
     "StaleCompiledHooksError": (".sites.checks", "StaleCompiledHooksError"),
+    "TransformerLensDifferenceWarning": (".checks", "TransformerLensDifferenceWarning"),
 }
 
 
@@ -81,6 +82,7 @@ __all__ = [
     "StaleCompiledHooksError",
     "TensorConversion",
     "TransformerBridge",
+    "TransformerLensDifferenceWarning",
     "TransformerLensKeyValueCache",
     "UnknownHookError",
     "UnsupportedArchitectureError",

@@ -37,6 +37,11 @@ class ArgumentIndexError(IndexError, ValueError):
     """An index out of range (an `IndexError`; also a `ValueError` for older ``except`` clauses)."""
 
 
+class TransformerLensDifferenceWarning(UserWarning):
+    """A call whose number differs from what TransformerLens gives for the same call, on purpose; the message
+    names the difference and the way to TransformerLens' number (docs/transformerlens.md lists each one)."""
+
+
 class ArgumentValueError(ValueError, AssertionError):
     """A bad argument value (a `ValueError`; also an `AssertionError`, which TransformerLens raises for the same
     misuse, so ``except AssertionError`` written for TransformerLens keeps working)."""

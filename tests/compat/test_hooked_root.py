@@ -259,3 +259,62 @@ def test_bad_inputs(model):
 
     with pytest.raises(SetupError, match=r"self\.setup\(\)"):
         Forgot().run_with_cache(X)
+
+
+class _ModulePoint(nn.Module):
+    """TransformerLens' HookPoint is an nn.Module: the oracle's order is torch's `named_modules()` over these."""
+
+    def forward(self, x):
+        return x
+
+
+def _layouts(point):
+    """Two classes built by the same assignments, ``point()`` making each point: a module's own points before,
+    between and after its children with points, a list of points, nested blocks, a child without points."""
+
+    class Inner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hook_a = point()
+            self.lin = nn.Linear(2, 2)
+            self.hook_b = point()
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+            self.hook_mid = point()
+            self.attn = Inner()
+            self.hook_out = point()
+
+    def build(root: nn.Module) -> nn.Module:
+        root.embed = nn.Linear(2, 2)
+        root.hook_embed = point()
+        root.blocks = nn.ModuleList([Block(), Block()])
+        root.hook_final = point()
+        root.heads = nn.ModuleList([point(), point()]) if point is _ModulePoint else [point(), point()]
+        root.ln = Inner()
+        return root
+
+    return build
+
+
+def test_hook_dict_and_mod_dict_follow_transformerlens_named_modules_order():
+    class Ours(HookedRootModule):
+        def __init__(self):
+            super().__init__()
+            _layouts(HookPoint)(self)
+            self.setup()
+
+    oracle = _layouts(_ModulePoint)(nn.Module())
+    expected = [name for name, m in oracle.named_modules() if isinstance(m, _ModulePoint)]
+    ours = Ours()
+    assert list(ours.hook_dict) == expected
+    assert expected.index("hook_final") > expected.index("blocks.1.hook_out")  # a point after a child with points
+    # mod_dict: every child module and point; points and the modules holding points in the same order (a module
+    # without points, `lin`, can't be placed among its parent's points: no creation rank; the oracle's ModuleList
+    # of points adds a `heads` entry, which a plain list has not)
+    expected_mods = [name for name, _ in oracle.named_modules() if name and name != "heads"]
+    assert sorted(ours.mod_dict) == sorted(expected_mods)
+    placed = [name for name in expected_mods if not name.endswith("lin") and name != "embed"]
+    assert [name for name in ours.mod_dict if name in placed] == placed

@@ -26,6 +26,7 @@ def load(model: str, dtype: str = "float32", device: str | None = None) -> Trans
     bridge = TransformerBridge.from_pretrained(path, dtype=DTYPES[dtype], device=device)
     if model == "smollm2":
         bridge.cfg.default_prepend_bos = False
+    bridge._warned_greedy = True  # the command line decodes as HF's generate does; TransformerLens' default is moot
     return bridge
 
 

@@ -254,7 +254,7 @@ def _check_readout(
     """Raise when the final residual, read along each token's direction plus ``model.b_U``, does not give the
     model's own logits for it (a hook edited the final norm's output or the logits)."""
     selected = cache._at_pos(logits, pos).float()  # [batch, pos, vocab] at the selected positions
-    bias = b_U(model).detach().float().to(selected.device)
+    bias = b_U(model, warn=False).detach().float().to(selected.device)
     cap = getattr(model.hf_model.config, "final_logit_softcapping", None)
     spread = (selected - selected.mean(-1, keepdim=True)).abs().amax(-1)
     tol = 3e-2 if logits.dtype in (torch.float16, torch.bfloat16) else 1e-3  # half precision: its rounding

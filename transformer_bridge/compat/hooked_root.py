@@ -8,8 +8,10 @@ as on a bridge: temporary hooks go at the end of the call or context, permanent 
 ``reset_hooks(including_permanent=True)``, and names follow the bridge's grammar (a name, a list, a predicate).
 
 Our `HookPoint` is not an ``nn.Module`` (a bridge serves its points from the HF modules), so `setup` finds the
-points by walking the module tree's attributes rather than ``named_modules()``, and a module's own points come
-before its children's in `hook_dict`. The bookkeeping is `HookRegistry`'s, as for a bridge.
+points by walking the module tree's attributes rather than ``named_modules()``; `hook_dict` and `mod_dict` still
+list them in TransformerLens' order (each module's points and children in the order they were assigned, read
+from the points' creation order; a child module holding no point has no such rank and follows the item before
+it in ``_modules``, which only `mod_dict` shows). The bookkeeping is `HookRegistry`'s, as for a bridge.
 """
 
 import re
@@ -76,21 +78,19 @@ class HookedRootModule(nn.Module, HookRegistry):
             ['hook_act']
         """
         points: dict[str, HookPoint] = {}
-        modules: dict[str, nn.Module] = {}
+        modules: dict[str, Any] = {}
         seen: set[int] = set()
-        for prefix, module in self.named_modules():
-            if prefix:
-                module.name = prefix  # TransformerLens' setup names each child module
-                modules[prefix] = module
-            for path, point in _points_of(module):
-                name = f"{prefix}.{path}" if prefix else path
-                if id(point) not in seen:
-                    seen.add(id(point))
-                    point.name = name
-                    points[name] = point
+        for name, obj in _tl_order(self, "", {id(self)}):
+            if not isinstance(obj, nn.Module):
+                if id(obj) in seen:
+                    continue
+                seen.add(id(obj))
+                points[name] = obj
+            obj.name = name  # TransformerLens' setup names each child module (and each point)
+            modules[name] = obj
         n_layers = 1 + max((int(m.group(1)) for n in points if (m := _BLOCK.match(n))), default=-1)
         self._set_points(points, n_layers)
-        self.mod_dict = {**modules, **points}
+        self.mod_dict = modules
         self._is_set_up = True
 
     # -- names ---------------------------------------------------------------------------------------------
@@ -285,6 +285,30 @@ class HookedRootModule(nn.Module, HookRegistry):
             for name, fn in pairs:
                 self.add_hook(name, fn, dir=direction, read_only=True)
         return cache
+
+
+def _tl_order(module: nn.Module, prefix: str, seen: set[int]) -> Iterator[tuple[str, "nn.Module | HookPoint"]]:
+    """``(path, child module or point)`` below ``module`` in the order of TransformerLens' ``named_modules()``,
+    where points are modules: depth first, each module's children and points in the order they were assigned.
+    That order is read from the points' creation ranks (a point is created where it is assigned; a child module
+    is assigned after its own points are created): a child module with points sorts by its first point, one
+    without any stays right after the item before it. A module reached twice is listed once, as torch does."""
+    entries: list[tuple[int, str, nn.Module | HookPoint]] = [(p.created, path, p) for path, p in _points_of(module)]
+    rank = -1
+    for name, child in module.named_children():
+        ranks = [p.created for m in child.modules() for _, p in _points_of(m)]
+        rank = min(ranks) if ranks else rank
+        entries.append((rank, name, child))
+    for _, path, obj in sorted(entries, key=lambda e: e[0]):  # stable: equal ranks keep their order
+        name = f"{prefix}.{path}" if prefix else path
+        if isinstance(obj, nn.Module):
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            yield name, obj
+            yield from _tl_order(obj, name, seen)
+        else:
+            yield name, obj
 
 
 def _points_of(module: nn.Module) -> Iterator[tuple[str, HookPoint]]:

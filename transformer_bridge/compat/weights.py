@@ -18,9 +18,12 @@ The unembedding follows TransformerLens' folded numbers: ``W_U = diag(γ) @ W_U_
 ``b_U = β @ W_U_raw + b_U_raw`` (γ, β: the final norm's weight and bias; Gemma's γ is ``1 + w``), so
 ``cache.accumulated_resid(apply_ln=True)[-1] @ model.W_U + model.b_U`` are the model's logits (Gemma 2:
 before the final soft-cap). ``W_U_raw`` / ``b_U_raw`` are the HF unembedding itself (views; ``b_U_raw`` is
-None when the model has no unembedding bias).
+None when the model has no unembedding bias). TransformerLens 4's unprocessed bridge returns the raw matrix as
+``W_U``, so where the two differ (a final norm whose γ is not 1 or whose β is not 0, a logit scale) reading
+``model.W_U`` / ``model.b_U`` warns once per model (`TransformerLensDifferenceWarning`), naming ``W_U_raw``.
 """
 
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Literal
@@ -31,7 +34,7 @@ from torch import Tensor, nn
 
 from ..adapters.base import one_plus
 from ..cache.decompose import logit_multiplier, wide
-from ..checks import ArgumentIndexError, ArgumentTypeError, as_index
+from ..checks import ArgumentIndexError, ArgumentTypeError, TransformerLensDifferenceWarning, as_index
 from ..core import BridgeCore
 from ..distributed import full_param
 from ..sites.module_paths import get_module
@@ -314,29 +317,56 @@ def b_U_raw(core: BridgeCore) -> Float[Tensor, "d_vocab"] | None:  # noqa: N802
     return _bias(core.hf_model.get_output_embeddings())
 
 
-def W_U(core: BridgeCore) -> Float[Tensor, "d_model d_vocab"]:  # noqa: N802
+def W_U(core: BridgeCore, warn: bool = True) -> Float[Tensor, "d_model d_vocab"]:  # noqa: N802
     """Unembedding with the final norm's weight folded in, as TransformerLens: ``diag(γ) @ W_U_raw``. A copy.
 
-    With `b_U`, ``normalized_final_resid @ W_U + b_U`` are the logits (Gemma 2: before the soft-cap).
+    With `b_U`, ``normalized_final_resid @ W_U + b_U`` are the logits (Gemma 2: before the soft-cap). ``warn``:
+    say once per model when this differs from `W_U_raw` (TransformerLens 4's unprocessed ``W_U``).
     """
     raw = W_U_raw(core)
-    gamma, _ = _norm_weight_bias(core, get_module(core.hf_model, core.adapter.ln_final))
+    gamma, beta = _norm_weight_bias(core, get_module(core.hf_model, core.adapter.ln_final))
+    if warn:
+        _warn_folded_unembed(core, gamma, beta, "W_U")
     # Cohere's logit_scale and Granite's 1 / logits_scaling are folded in like γ.
     return (wide(gamma)[:, None] * wide(raw) * logit_multiplier(core)).to(raw.dtype)
 
 
-def b_U(core: BridgeCore) -> Float[Tensor, "d_vocab"]:  # noqa: N802
+def b_U(core: BridgeCore, warn: bool = True) -> Float[Tensor, "d_vocab"]:  # noqa: N802
     """Unembedding bias with the final norm's bias folded in: ``β @ W_U_raw + b_U_raw`` (zeros if neither).
 
-    A copy.
+    A copy. ``warn``: as for `W_U`.
     """
     raw = W_U_raw(core)
-    _, beta = _norm_weight_bias(core, get_module(core.hf_model, core.adapter.ln_final))
+    gamma, beta = _norm_weight_bias(core, get_module(core.hf_model, core.adapter.ln_final))
+    if warn:
+        _warn_folded_unembed(core, gamma, beta, "b_U")
     bias = b_U_raw(core)
     out = _zeros(raw, core.cfg.d_vocab) if bias is None else bias.clone()
     out = out if beta is None else out + beta @ raw
     scale = logit_multiplier(core)
     return out if scale == 1.0 else out * scale
+
+
+def _warn_folded_unembed(core: BridgeCore, gamma: Tensor, beta: Tensor | None, what: str) -> None:
+    """Once per model: `what` holds the final norm folded in where TransformerLens 4's unprocessed bridge gives
+    the HF unembedding itself (nothing is said when folding changes nothing: γ = 1, β = 0, no logit scale)."""
+    if getattr(core, "_warned_folded_unembed", False):
+        return
+    with torch.no_grad():
+        same = logit_multiplier(core) == 1.0 and bool((gamma == 1).all())
+        same = same and (beta is None or not bool(beta.any()))
+    if same:
+        return
+    core._warned_folded_unembed = True
+    warnings.warn(
+        f"`model.{what}` has the final norm folded in (W_U = diag(γ) @ W_U_raw, b_U = β @ W_U_raw + b_U_raw, and any "
+        "logit scale), TransformerLens' processed reading, so that the normalized residual stream times W_U plus "
+        "b_U gives the model's logits without enable_compatibility_mode(); TransformerLens 4's unprocessed "
+        "TransformerBridge returns the HF matrix itself, which is `model.W_U_raw` / `model.b_U_raw` here. Said once "
+        "per model.",
+        TransformerLensDifferenceWarning,
+        stacklevel=4,
+    )
 
 
 # TransformerLens attribute name → per-layer function, for the component objects (``blocks[i].attn.W_Q``).

@@ -5,12 +5,13 @@ calls these before any forward.
 
 import warnings
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from jaxtyping import Int
 from torch import Tensor
 
-from ..checks import ArgumentValueError
+from ..checks import ArgumentValueError, TransformerLensDifferenceWarning
 
 
 def check_output_form(a: Mapping[str, Any]) -> None:
@@ -59,4 +60,24 @@ def warn_right_padding(
         "`generate(tokens, attention_mask=mask)`, or `generate(**tokenizer(texts, return_tensors='pt', "
         "padding=True))`), or the texts themselves (`generate(texts)` pads them on the left).",
         stacklevel=stacklevel + 1,
+    )
+
+
+# Set by the bridge's own callers of `generate` that TransformerLens has no counterpart of (`forward_pass`).
+QUIET_GREEDY: ContextVar[bool] = ContextVar("QUIET_GREEDY", default=False)
+
+
+def warn_greedy(model: Any, num_beams: Any) -> None:
+    """Once per model: greedy decoding by default (HF's rule), where TransformerLens' ``generate`` samples. Not for
+    beam search (TransformerLens has none), nor when the caller said ``do_sample`` in a keyword or config."""
+    if num_beams != 1 or QUIET_GREEDY.get() or getattr(model, "_warned_greedy", False):
+        return
+    model._warned_greedy = True
+    warnings.warn(
+        "generate() decodes greedily: no sampling argument was given and the generation config does not sample "
+        "(HF's default). TransformerLens' generate samples by default (do_sample=True over the whole distribution): "
+        "pass do_sample=True, top_k=0 for that (HookedTransformer does so by default), or do_sample=False to decode "
+        "greedily without this warning. Said once per model.",
+        TransformerLensDifferenceWarning,
+        stacklevel=6,  # warn_greedy ← prepare ← generate ← no_grad's wrapper ← checked_keywords ← caller
     )

@@ -137,6 +137,8 @@ def prepare(model: BridgeCore, a: Mapping[str, Any]) -> Request:
     width = tokens.shape[1]
     max_new, min_new = _lengths(settings, width, model.cfg.n_ctx, a)
     do_sample, warpers = _sampling(settings, a)
+    if do_sample is False and a["do_sample"] is None and not settings.by_user("do_sample", None):
+        checks.warn_greedy(model, settings("num_beams", a["num_beams"], 1))
     use_cache, tl_use_cache = a["use_cache"], a["use_past_kv_cache"]
     if use_cache is not None and tl_use_cache is not None and use_cache != tl_use_cache:
         raise ValueError(

@@ -8,6 +8,7 @@ registered. With nothing registered the HF model runs its own code, untouched.
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from itertools import count
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -20,6 +21,9 @@ from .entries import Direction, HookEntry, HookFn, HookHandle, by_direction, che
 from .names import HookNames, LayerOutOfRangeError, NameFilter, NotCachedError, UnknownHookError
 
 NameOrFilter = NameFilter
+# Each point's creation rank: `HookedRootModule.setup` orders a module's own points among its child modules by it,
+# which is the order of assignment TransformerLens' `named_modules()` gives when points are created where assigned.
+_CREATED = count()
 
 __all__ = [
     "HookContext",
@@ -51,6 +55,7 @@ class HookPoint:
 
     def __init__(self, name: str | None = None, owner: "HookRegistry | None" = None) -> None:
         self.name = name
+        self.created = next(_CREATED)
         parts = (name or "").split(".")
         # Block index; model-level points before the blocks are -1, those after them are large.
         self.layer_index = int(parts[1]) if parts[0] == "blocks" else (-1 if parts[0].startswith("hook_") else 1 << 30)

@@ -23,6 +23,7 @@ from ..cache.activation_cache import ActivationCache
 from ..checks import ArgumentTypeError, describe
 from ..core import BridgeCore, NamesFilter
 from ..generation import generate
+from ..generation.checks import QUIET_GREEDY
 from ..inputs import is_text
 from .cache_access import MissingHookError
 from .methods import METHODS, explain, get_method, method_options, relevance_hooks
@@ -59,17 +60,21 @@ def forward_pass(
             f"{', '.join(fixed)}. Drop it, or call `model.generate` for other returns."
         )
     tokens, mask = model.prepare_input(input, attention_mask, padding_side="left" if is_text(input) else None)
-    output, cache = generate(
-        model,
-        tokens,
-        attention_mask=mask,
-        max_new_tokens=max_new_tokens,
-        return_cache=True,
-        names_filter=names_filter,
-        device=device,
-        return_dict=True,
-        **generate_kwargs,
-    )
+    quiet = QUIET_GREEDY.set(True)  # TransformerLens has no forward_pass: its generate's default is no reference
+    try:
+        output, cache = generate(
+            model,
+            tokens,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            return_cache=True,
+            names_filter=names_filter,
+            device=device,
+            return_dict=True,
+            **generate_kwargs,
+        )
+    finally:
+        QUIET_GREEDY.reset(quiet)
     return _run_from_generation(model, output, cache, default_width=tokens.shape[1])
 
 

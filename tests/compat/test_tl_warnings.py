@@ -1,0 +1,85 @@
+"""The last silent differences from TransformerLens (issue #32, item 4), each now loud: `model.W_U` / `b_U` with the
+final norm folded in, and `TransformerBridge.generate`'s greedy default, warn once per model
+(`TransformerLensDifferenceWarning`) exactly where TransformerLens' number would differ, naming the way to it.
+
+Oracles: the HF unembedding and the final norm's parameters read from the HF modules; TransformerLens' sampling
+reproduced through the documented keywords under the same seed."""
+
+import warnings
+
+import pytest
+import torch
+from conftest import make_bridge, perturb_
+from transformers import GenerationConfig
+
+import transformer_bridge
+from transformer_bridge import TransformerLensDifferenceWarning
+
+PROMPT = torch.tensor([[5, 17, 3]])
+
+
+def _caught(fn):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        result = fn()
+    return result, [w for w in seen if issubclass(w.category, TransformerLensDifferenceWarning)]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_folded_unembedding_warns_once_where_it_differs_from_the_hf_matrix(family):
+    model = make_bridge(family)
+    norm = model.hf_model.get_output_embeddings()  # the raw matrix, for the oracle below
+    ln = dict(model.hf_model.named_modules())[model.adapter.ln_final]
+    # A fresh model's final norm is γ = 1, β = 0: W_U is the HF matrix, nothing to say.
+    (w_u, b_u), said = _caught(lambda: (model.W_U, model.b_U))
+    assert said == [] and torch.equal(w_u, norm.weight.T)
+    perturb_(model)
+    (w_u, _), said = _caught(lambda: (model.W_U, model.b_U))
+    assert len(said) == 1 and "W_U_raw" in str(said[0].message) and said[0].filename == __file__
+    gamma = ln.weight.detach()
+    torch.testing.assert_close(w_u, gamma[:, None] * norm.weight.detach().T, rtol=1e-6, atol=0)
+    # Once per model; the raw readings never warn.
+    _, again = _caught(lambda: (model.W_U, model.unembed.W_U, model.tokens_to_residual_directions(3), model.W_U_raw))
+    assert again == []
+
+
+def test_b_u_alone_warns_where_beta_is_not_zero():
+    model = make_bridge("gpt2")
+    ln = dict(model.hf_model.named_modules())[model.adapter.ln_final]
+    with torch.no_grad():
+        ln.bias.add_(0.5)  # γ stays 1: only b_U differs from TransformerLens 4's unprocessed b_U
+    _, said = _caught(lambda: model.b_U)
+    assert len(said) == 1 and "b_U" in str(said[0].message)
+
+
+def test_processed_weights_do_not_warn():
+    """After fold_ln the final norm is the identity: W_U is the HF matrix, as in TransformerLens."""
+    model = perturb_(make_bridge("llama"))
+    model.enable_compatibility_mode()
+    (w_u, _), said = _caught(lambda: (model.W_U, model.b_U))
+    assert said == [] and torch.equal(w_u, model.W_U_raw)
+
+
+def test_greedy_default_warns_once_and_only_where_tl_would_sample():
+    bridge = make_bridge("llama")
+    greedy, said = _caught(lambda: bridge.generate(PROMPT, max_new_tokens=4))
+    assert len(said) == 1 and "do_sample=True, top_k=0" in str(said[0].message)
+    assert said[0].filename == __file__
+    _, again = _caught(lambda: bridge.generate(PROMPT, max_new_tokens=4))
+    assert again == []
+    # Said by the caller in a keyword or a config, beam search, or a model whose config samples: no warning.
+    for kwargs in ({"do_sample": False}, {"generation_config": GenerationConfig(do_sample=False)}, {"num_beams": 2},
+                   {"temperature": 0.7}):  # fmt: skip
+        fresh = make_bridge("llama")
+        _, said = _caught(lambda fresh=fresh, kwargs=kwargs: fresh.generate(PROMPT, max_new_tokens=4, **kwargs))
+        assert said == [], kwargs
+    sampling = make_bridge("llama")
+    sampling.hf_model.generation_config.do_sample = True
+    _, said = _caught(lambda: sampling.generate(PROMPT, max_new_tokens=4))
+    assert said == []
+    # HookedTransformer samples by default, as TransformerLens: nothing to warn about; and the greedy tokens are
+    # the ones `do_sample=False` gives.
+    hooked = transformer_bridge.HookedTransformer(make_bridge("llama").hf_model)
+    _, said = _caught(lambda: hooked.generate(PROMPT, max_new_tokens=4))
+    assert said == []
+    assert torch.equal(greedy, bridge.generate(PROMPT, max_new_tokens=4, do_sample=False))
