@@ -31,7 +31,7 @@ def test_folded_unembedding_warns_once_where_it_differs_from_the_hf_matrix(famil
     norm = model.hf_model.get_output_embeddings()  # the raw matrix, for the oracle below
     ln = dict(model.hf_model.named_modules())[model.adapter.ln_final]
     # A fresh model's final norm is γ = 1, β = 0: W_U is the HF matrix, nothing to say.
-    (w_u, b_u), said = _caught(lambda: (model.W_U, model.b_U))
+    (w_u, _), said = _caught(lambda: (model.W_U, model.b_U))
     assert said == [] and torch.equal(w_u, norm.weight.T)
     perturb_(model)
     (w_u, _), said = _caught(lambda: (model.W_U, model.b_U))

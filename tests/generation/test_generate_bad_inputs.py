@@ -258,7 +258,7 @@ def test_right_padded_ids_without_a_mask_get_hf_generates_warning_and_keep_their
 
 def test_no_padding_warning_for_a_mask_one_row_or_rows_that_all_end_alike():
     model = make_bridge("llama")
-    model._warned_greedy = True  # TransformerLens' sampling default is said elsewhere (tests/compat/test_tl_warnings.py)
+    model._warned_greedy = True  # TransformerLens' sampling default: tests/compat/test_tl_warnings.py
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.generate(RIGHT_PADDED, attention_mask=(RIGHT_PADDED != 0).long(), max_new_tokens=2)

@@ -213,7 +213,7 @@ def test_unsupported_config_fields_raise_for_the_callers_config_and_warn_for_the
     assert caught[0].filename == __file__
     model.hf_model.generation_config.cache_implementation = "hybrid"  # Gemma2's: a cache choice, tokens unchanged
     model.hf_model.generation_config.penalty_alpha = None
-    model._warned_greedy = True  # TransformerLens' sampling default is said elsewhere (tests/compat/test_tl_warnings.py)
+    model._warned_greedy = True  # TransformerLens' sampling default: tests/compat/test_tl_warnings.py
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.generate(torch.tensor([[1, 5]]), max_new_tokens=2)
