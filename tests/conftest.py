@@ -39,6 +39,14 @@ from transformer_bridge.adapters import (
     adapter_for,
 )
 
+# Under pytest-xdist (`make test` runs `-n auto`) each worker gets its share of the cores, so that N workers of
+# torch's default N threads each do not oversubscribe the machine; set in the environment too, so that the
+# subprocesses tests start (and compare with bitwise) compute with the same thread count.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # Distinct sizes so a swapped axis fails loudly: vocab 99, d_model 32, d_mlp 37, 4 heads, 2 kv heads.
 V, D, M, H, KV, L = 99, 32, 37, 4, 2, 2
 _COMMON = dict(vocab_size=V, bos_token_id=1, eos_token_id=2, pad_token_id=0)
