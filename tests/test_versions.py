@@ -43,7 +43,7 @@ def test_no_deprecation_warning_from_the_bridge_s_own_calls():
     tokens = torch.tensor([[1, 5, 6, 7]])
     model(tokens)
     model.run_with_cache(tokens)
-    model.generate(tokens, max_new_tokens=3)
+    model.generate(tokens, max_new_tokens=3, do_sample=False)  # said: no TransformerLens sampling warning either
     model.generate(tokens, max_new_tokens=3, num_beams=2)
     _, kv = model(tokens, return_type="logits_and_cache")
     model(tokens[:, -1:], past_key_values=kv)
