@@ -42,6 +42,19 @@ class TransformerLensDifferenceWarning(UserWarning):
     names the difference and the way to TransformerLens' number (docs/transformerlens.md lists each one)."""
 
 
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning issued by the function calling this at the first frame outside
+    this package and torch (whose decorators wrap some entry points): the user's own line."""
+    import sys
+    from pathlib import Path
+
+    skip = (str(Path(__file__).parent), str(Path(torch.__file__).parent))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class ArgumentValueError(ValueError, AssertionError):
     """A bad argument value (a `ValueError`; also an `AssertionError`, which TransformerLens raises for the same
     misuse, so ``except AssertionError`` written for TransformerLens keeps working)."""

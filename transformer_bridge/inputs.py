@@ -9,6 +9,7 @@ on request: `left_padding_mask` when the user says the ids are left-padded (Tran
 ``padding_side="left"``), `hf_generate_mask` for `generate`, which follows HF's ``generate``.
 """
 
+import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -16,7 +17,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from .checks import describe
+from .checks import TransformerLensDifferenceWarning, caller_stacklevel, describe
 
 PaddingSide = Literal["left", "right"]
 
@@ -228,6 +229,25 @@ def mask_for_implementation(mask: Tensor, implementation: str | None, dtype: tor
 def is_text(input: Any) -> bool:
     """Whether ``input`` is text (a str or a non-empty list / tuple of str), which the bridge tokenizes and pads."""
     return isinstance(input, str) or (isinstance(input, (list, tuple)) and bool(input) and isinstance(input[0], str))
+
+
+def warn_masked_text_padding(model: Any, input: Any, mask: Tensor) -> None:
+    """Once per model: a right-padded text batch runs with the tokenizer's attention mask (HF's reading), where
+    TransformerLens runs right-padded text unmasked. Each row's real positions are the same numbers either way;
+    the padding positions' logits and activations, and a loss (which here leaves padding out), differ."""
+    if not is_text(input) or isinstance(input, str) or getattr(model, "_warned_text_padding", False):
+        return
+    if bool(mask.all()) or bool(mask[:, 0].all()) is False:  # no padding, or left padding (masked in both)
+        return
+    model._warned_text_padding = True
+    warnings.warn(
+        "This text batch is right-padded and runs with the tokenizer's attention mask, as HF reads it: each row's "
+        "real positions are TransformerLens' numbers, but the logits and activations at padding positions, and a "
+        "loss (which here leaves padding out), differ from TransformerLens, which runs right-padded text unmasked. "
+        "For its numbers pass the tokens: model(model.to_tokens(texts)). Said once per model.",
+        TransformerLensDifferenceWarning,
+        stacklevel=caller_stacklevel(),
+    )
 
 
 def is_embeds(input: Any) -> bool:

@@ -32,6 +32,7 @@ from .inputs import (
     is_embeds,
     is_text,
     split_4d_mask,
+    warn_masked_text_padding,
 )
 from .utils.lm import lm_cross_entropy_loss
 
@@ -233,7 +234,9 @@ class Running:
         """``(tokens, token mask, 4-D mask or None)``: `prepare_input`, or token ids given with a 4-D mask
         (`inputs.split_4d_mask`)."""
         if not (isinstance(attention_mask, Tensor) and attention_mask.dim() == 4):
-            return (*self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side), None)
+            tokens, mask = self.prepare_input(input, attention_mask, prepend_bos, padding_side=padding_side)
+            warn_masked_text_padding(self, input, mask)
+            return tokens, mask, None
         if self.adapter.has_mixers:
             raise ValueError("A 4-D `attention_mask` shapes attention; state-space layers here take a 2-D mask.")
         if is_text(input):
@@ -267,11 +270,8 @@ class Running:
                 raise TypeError(f"A cached step takes the new token ids [batch, new], got {describe(input)}.")
             tokens = input.to(input_device(self.hf_model))
             expected = (tokens.shape[0], n_past + tokens.shape[1])
-            mask = (
-                torch.ones(expected, dtype=torch.long, device=tokens.device)
-                if attention_mask is None
-                else attention_mask
-            )
+            ones = torch.ones(expected, dtype=torch.long, device=tokens.device)
+            mask = ones if attention_mask is None else attention_mask
             if tuple(mask.shape) != expected:
                 raise ValueError(
                     f"`attention_mask` of a cached step covers the {n_past} cached and {tokens.shape[1]} new "

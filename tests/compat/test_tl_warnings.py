@@ -83,3 +83,25 @@ def test_greedy_default_warns_once_and_only_where_tl_would_sample():
     _, said = _caught(lambda: hooked.generate(PROMPT, max_new_tokens=4))
     assert said == []
     assert torch.equal(greedy, bridge.generate(PROMPT, max_new_tokens=4, do_sample=False))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_right_padded_text_warns_once_where_padding_positions_differ_from_tl(family):
+    """TransformerLens runs right-padded text unmasked (the same numbers as its tokens); here the tokenizer's
+    mask is used, as HF reads it: real positions equal, padding positions (and a loss) not, so it warns once."""
+    model = make_bridge(family)
+    texts = ["Hello there world", "Hi"]
+    tokens, mask = model.to_tokens_and_mask(texts)
+    real = mask.bool()
+    logits, said = _caught(lambda: model(texts))
+    assert len(said) == 1 and "model(model.to_tokens(texts))" in str(said[0].message)
+    assert said[0].filename == __file__
+    unmasked = model(tokens)  # TransformerLens' reading of the same text
+    assert torch.equal(logits[real], unmasked[real])
+    assert not torch.allclose(logits[~real], unmasked[~real])
+    # Once per model; nothing to say for a batch without padding, one text, or left padding (masked in both).
+    _, again = _caught(lambda: model.run_with_cache(texts))
+    assert again == []
+    fresh = make_bridge(family)
+    _, said = _caught(lambda: (fresh(["ab", "cd"]), fresh("Hello"), fresh(texts, padding_side="left")))
+    assert said == []
