@@ -263,11 +263,14 @@ def embedding_points(model: Any) -> list[str]:
 
 
 def embeds_stand_in(
-    model: Any, embeds: Any, input: Any, tokens: Tensor | None, attention_mask: Tensor | None
-) -> tuple[Int[Tensor, "batch pos"], Any]:
+    model: Any, embeds: Any, input: Any, tokens: Tensor | None, attention_mask: Tensor | None,
+    position_ids: Tensor | None = None,
+) -> tuple[Int[Tensor, "batch pos"], Any]:  # fmt: skip
     """Token ids standing in for ``embeds`` (``[batch, pos, d_model]``, checked) in ``model``'s forward: they give
     the shape and the loss targets (``tokens``; zeros without), HF reads the embeddings; and the mask, all ones
-    unless given, so the stand-in ids are never read as padding."""
+    unless given, so the stand-in ids are never read as padding. A mask with padding before a real token gives
+    the positions from the mask, as for token ids; TransformerLens (and HF's own forward) count 0, 1, ... on
+    embeddings, so that warns once per model unless ``position_ids`` are given."""
     d_model = model.cfg.d_model
     if not isinstance(embeds, Tensor) or not embeds.is_floating_point() or embeds.shape[2:] != (d_model,) or (
         0 in embeds.shape[:2]
@@ -285,4 +288,22 @@ def embeds_stand_in(
         attention_mask = torch.ones(shape, dtype=torch.long, device=embeds.device)
     elif isinstance(attention_mask, Tensor) and attention_mask.dim() == 4:
         raise ValueError("`inputs_embeds` take a 2-D `attention_mask` [batch, pos] here, not a 4-D one.")
+    elif position_ids is None and isinstance(attention_mask, Tensor) and attention_mask.dim() == 2:
+        _warn_embeds_positions(model, attention_mask)
     return stand_in, attention_mask
+
+
+def _warn_embeds_positions(model: Any, mask: Tensor) -> None:
+    real = mask != 0
+    moved = (real.long().cumsum(-1) - 1 != torch.arange(mask.shape[-1], device=mask.device)) & real
+    if getattr(model, "_warned_embeds_positions", False) or not bool(moved.any()):
+        return
+    model._warned_embeds_positions = True
+    warnings.warn(
+        "These embeddings come with padding before real tokens: their positions are counted from the mask, as for "
+        "token ids (HF's generate rule), while TransformerLens counts 0, 1, ... on embeddings whatever the mask "
+        "(as HF's own forward does in most families). For those numbers pass position_ids=torch.arange(pos) "
+        "(expanded to the batch). Said once per model.",
+        TransformerLensDifferenceWarning,
+        stacklevel=caller_stacklevel(),
+    )

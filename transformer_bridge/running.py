@@ -143,7 +143,7 @@ class Running:
                 raise ValueError(
                     f"Hooks on {hooked} never run on `inputs_embeds`: HF skips the embedding; remove them."
                 )
-            input, attention_mask = embeds_stand_in(self, inputs_embeds, input, tokens, attention_mask)
+            input, attention_mask = embeds_stand_in(self, inputs_embeds, input, tokens, attention_mask, position_ids)
             if return_type in ("loss", "both") and labels is None and tokens is None:
                 raise ValueError(
                     "A loss from `inputs_embeds` needs the targets: give `labels=` (or `tokens=`) of shape "

@@ -105,3 +105,28 @@ def test_right_padded_text_warns_once_where_padding_positions_differ_from_tl(fam
     fresh = make_bridge(family)
     _, said = _caught(lambda: (fresh(["ab", "cd"]), fresh("Hello"), fresh(texts, padding_side="left")))
     assert said == []
+
+
+def test_left_padded_embeddings_warn_once_that_positions_come_from_the_mask():
+    """TransformerLens leaves the positions of embeddings input alone (0, 1, ...); here a left-padded mask gives
+    them as for token ids, so the first such call warns, and position_ids=arange gives TransformerLens' numbers
+    (HF's own forward on the same embeddings and mask)."""
+    model = make_bridge("gpt2")  # learned positions: the positions change the numbers
+    tokens = torch.tensor([[7, 8, 9, 10], [5, 6, 11, 12]])
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    embeds = model.hf_model.get_input_embeddings()(tokens).detach()
+    derived, said = _caught(lambda: model(embeds, attention_mask=mask))
+    assert len(said) == 1 and "position_ids=torch.arange(pos)" in str(said[0].message)
+    assert said[0].filename == __file__
+    assert torch.equal(derived, model(tokens, attention_mask=mask))  # the token ids' positions
+    arange = torch.arange(4).expand(2, 4)
+    as_tl, said = _caught(lambda: model(embeds, attention_mask=mask, position_ids=arange))
+    assert said == []
+    with torch.no_grad():
+        hf = model.hf_model(inputs_embeds=embeds, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(as_tl[real], hf[real], rtol=0, atol=1e-6)
+    assert not torch.allclose(derived[0, 2:], as_tl[0, 2:])
+    fresh = make_bridge("gpt2")
+    _, said = _caught(lambda: (fresh(embeds), fresh(embeds, attention_mask=torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]))))
+    assert said == []
