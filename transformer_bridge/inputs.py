@@ -237,7 +237,7 @@ def warn_masked_text_padding(model: Any, input: Any, mask: Tensor) -> None:
     the padding positions' logits and activations, and a loss (which here leaves padding out), differ."""
     if not is_text(input) or isinstance(input, str) or getattr(model, "_warned_text_padding", False):
         return
-    if bool(mask.all()) or bool(mask[:, 0].all()) is False:  # no padding, or left padding (masked in both)
+    if bool(mask.all()) or not bool(mask[:, 0].all()):  # no padding, or left padding (masked in both)
         return
     model._warned_text_padding = True
     warnings.warn(
@@ -269,8 +269,8 @@ def embeds_stand_in(
     """Token ids standing in for ``embeds`` (``[batch, pos, d_model]``, checked) in ``model``'s forward: they give
     the shape and the loss targets (``tokens``; zeros without), HF reads the embeddings; and the mask, all ones
     unless given, so the stand-in ids are never read as padding. A mask with padding before a real token gives
-    the positions from the mask, as for token ids; TransformerLens (and HF's own forward) count 0, 1, ... on
-    embeddings, so that warns once per model unless ``position_ids`` are given."""
+    the positions from the mask, as for token ids; TransformerLens counts 0, 1, ... on embeddings (as HF's own
+    forward does in most families), so that warns once per model unless ``position_ids`` are given."""
     d_model = model.cfg.d_model
     if not isinstance(embeds, Tensor) or not embeds.is_floating_point() or embeds.shape[2:] != (d_model,) or (
         0 in embeds.shape[:2]
@@ -294,9 +294,11 @@ def embeds_stand_in(
 
 
 def _warn_embeds_positions(model: Any, mask: Tensor) -> None:
+    if getattr(model, "_warned_embeds_positions", False):
+        return
     real = mask != 0
     moved = (real.long().cumsum(-1) - 1 != torch.arange(mask.shape[-1], device=mask.device)) & real
-    if getattr(model, "_warned_embeds_positions", False) or not bool(moved.any()):
+    if not bool(moved.any()):
         return
     model._warned_embeds_positions = True
     warnings.warn(
