@@ -244,12 +244,7 @@ def write(version: str, row: dict) -> None:
     results[version] = row
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-    doc = DOC.read_text()
-    if BEGIN not in doc:
-        raise SystemExit(f"{DOC} lacks the markers {BEGIN!r} … {END!r}")
-    head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    DOC.write_text(f"{head}{BEGIN}\n{draw_table(results)}\n{END}{tail}")
+    redraw(BEGIN, END, draw_table(results))
 
 
 def draw_torch_table(results: dict) -> str:
@@ -280,12 +275,17 @@ def write_torch(row: dict, note: str | None) -> None:
     results[name] = row
     TORCH_RESULTS.parent.mkdir(parents=True, exist_ok=True)
     TORCH_RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    redraw(TORCH_BEGIN, TORCH_END, draw_torch_table(results))
+
+
+def redraw(begin: str, end: str, table: str) -> None:
+    """Replace what docs/families.md holds between the markers ``begin`` and ``end`` with ``table``."""
     doc = DOC.read_text()
-    if TORCH_BEGIN not in doc:
-        raise SystemExit(f"{DOC} lacks the markers {TORCH_BEGIN!r} … {TORCH_END!r}")
-    head, rest = doc.split(TORCH_BEGIN, 1)
-    _, tail = rest.split(TORCH_END, 1)
-    DOC.write_text(f"{head}{TORCH_BEGIN}\n{draw_torch_table(results)}\n{TORCH_END}{tail}")
+    if begin not in doc:
+        raise SystemExit(f"{DOC} lacks the markers {begin!r} … {end!r}")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    DOC.write_text(f"{head}{begin}\n{table}\n{end}{tail}")
 
 
 def core_row(row: dict) -> dict:

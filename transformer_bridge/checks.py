@@ -19,7 +19,10 @@ import difflib
 import functools
 import inspect
 import numbers
+import sys
+import warnings
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import torch
@@ -45,14 +48,20 @@ class TransformerLensDifferenceWarning(UserWarning):
 def caller_stacklevel() -> int:
     """The ``stacklevel`` that points a warning issued by the function calling this at the first frame outside
     this package and torch (whose decorators wrap some entry points): the user's own line."""
-    import sys
-    from pathlib import Path
-
     skip = (str(Path(__file__).parent), str(Path(torch.__file__).parent))
     frame, level = sys._getframe(1), 1
     while frame is not None and frame.f_code.co_filename.startswith(skip):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def warn_difference_once(model: Any, flag: str, message: str) -> None:
+    """Warn ``message`` as a `TransformerLensDifferenceWarning` at the user's line, once per model: the attribute
+    ``flag`` on ``model`` records that it was said (set it to True beforehand to silence it)."""
+    if getattr(model, flag, False):
+        return
+    setattr(model, flag, True)
+    warnings.warn(f"{message} Said once per model.", TransformerLensDifferenceWarning, stacklevel=caller_stacklevel())
 
 
 class ArgumentValueError(ValueError, AssertionError):

@@ -9,7 +9,6 @@ on request: `left_padding_mask` when the user says the ids are left-padded (Tran
 ``padding_side="left"``), `hf_generate_mask` for `generate`, which follows HF's ``generate``.
 """
 
-import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -17,7 +16,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from .checks import TransformerLensDifferenceWarning, caller_stacklevel, describe
+from .checks import describe, warn_difference_once
 
 PaddingSide = Literal["left", "right"]
 
@@ -235,19 +234,16 @@ def warn_masked_text_padding(model: Any, input: Any, mask: Tensor) -> None:
     """Once per model: a right-padded text batch runs with the tokenizer's attention mask (HF's reading), where
     TransformerLens runs right-padded text unmasked. Each row's real positions are the same numbers either way;
     the padding positions' logits and activations, and a loss (which here leaves padding out), differ."""
-    if not is_text(input) or isinstance(input, str) or getattr(model, "_warned_text_padding", False):
+    if not is_text(input) or isinstance(input, str):
         return
     if bool(mask.all()) or not bool(mask[:, 0].all()):  # no padding, or left padding (masked in both)
         return
-    model._warned_text_padding = True
-    warnings.warn(
+    warn_difference_once(model, "_warned_text_padding", (
         "This text batch is right-padded and runs with the tokenizer's attention mask, as HF reads it: each row's "
         "real positions are TransformerLens' numbers, but the logits and activations at padding positions, and a "
         "loss (which here leaves padding out), differ from TransformerLens, which runs right-padded text unmasked. "
-        "For its numbers pass the tokens: model(model.to_tokens(texts)). Said once per model.",
-        TransformerLensDifferenceWarning,
-        stacklevel=caller_stacklevel(),
-    )
+        "For its numbers pass the tokens: model(model.to_tokens(texts))."
+    ))  # fmt: skip
 
 
 def is_embeds(input: Any) -> bool:
@@ -294,18 +290,12 @@ def embeds_stand_in(
 
 
 def _warn_embeds_positions(model: Any, mask: Tensor) -> None:
-    if getattr(model, "_warned_embeds_positions", False):
-        return
     real = mask != 0
     moved = (real.long().cumsum(-1) - 1 != torch.arange(mask.shape[-1], device=mask.device)) & real
-    if not bool(moved.any()):
-        return
-    model._warned_embeds_positions = True
-    warnings.warn(
-        "These embeddings come with padding before real tokens: their positions are counted from the mask, as for "
-        "token ids (HF's generate rule), while TransformerLens counts 0, 1, ... on embeddings whatever the mask "
-        "(as HF's own forward does in most families). For those numbers pass position_ids=torch.arange(pos) "
-        "(expanded to the batch). Said once per model.",
-        TransformerLensDifferenceWarning,
-        stacklevel=caller_stacklevel(),
-    )
+    if bool(moved.any()):
+        warn_difference_once(model, "_warned_embeds_positions", (
+            "These embeddings come with padding before real tokens: their positions are counted from the mask, as "
+            "for token ids (HF's generate rule), while TransformerLens counts 0, 1, ... on embeddings whatever the "
+            "mask (as HF's own forward does in most families). For those numbers pass "
+            "position_ids=torch.arange(pos) (expanded to the batch)."
+        ))  # fmt: skip

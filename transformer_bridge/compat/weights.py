@@ -23,7 +23,6 @@ None when the model has no unembedding bias). TransformerLens 4's unprocessed br
 ``model.W_U`` / ``model.b_U`` warns once per model (`TransformerLensDifferenceWarning`), naming ``W_U_raw``.
 """
 
-import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Literal
@@ -34,7 +33,7 @@ from torch import Tensor, nn
 
 from ..adapters.base import one_plus
 from ..cache.decompose import logit_multiplier, wide
-from ..checks import ArgumentIndexError, ArgumentTypeError, TransformerLensDifferenceWarning, as_index
+from ..checks import ArgumentIndexError, ArgumentTypeError, as_index, warn_difference_once
 from ..core import BridgeCore
 from ..distributed import full_param
 from ..sites.module_paths import get_module
@@ -350,23 +349,16 @@ def b_U(core: BridgeCore, warn: bool = True) -> Float[Tensor, "d_vocab"]:  # noq
 def _warn_folded_unembed(core: BridgeCore, gamma: Tensor, beta: Tensor | None, what: str) -> None:
     """Once per model: `what` holds the final norm folded in where TransformerLens 4's unprocessed bridge gives
     the HF unembedding itself (nothing is said when folding changes nothing: γ = 1, β = 0, no logit scale)."""
-    if getattr(core, "_warned_folded_unembed", False):
-        return
     with torch.no_grad():
         same = logit_multiplier(core) == 1.0 and bool((gamma == 1).all())
         same = same and (beta is None or not bool(beta.any()))
-    if same:
-        return
-    core._warned_folded_unembed = True
-    warnings.warn(
-        f"`model.{what}` has the final norm folded in (W_U = diag(γ) @ W_U_raw, b_U = β @ W_U_raw + b_U_raw, and any "
-        "logit scale), TransformerLens' processed reading, so that the normalized residual stream times W_U plus "
-        "b_U gives the model's logits without enable_compatibility_mode(); TransformerLens 4's unprocessed "
-        "TransformerBridge returns the HF matrix itself, which is `model.W_U_raw` / `model.b_U_raw` here. Said once "
-        "per model.",
-        TransformerLensDifferenceWarning,
-        stacklevel=4,
-    )
+    if not same:
+        warn_difference_once(core, "_warned_folded_unembed", (
+            f"`model.{what}` has the final norm folded in (W_U = diag(γ) @ W_U_raw, b_U = β @ W_U_raw + b_U_raw, and "
+            "any logit scale), TransformerLens' processed reading, so that the normalized residual stream times W_U "
+            "plus b_U gives the model's logits without enable_compatibility_mode(); TransformerLens 4's unprocessed "
+            "TransformerBridge returns the HF matrix itself, which is `model.W_U_raw` / `model.b_U_raw` here."
+        ))  # fmt: skip
 
 
 # TransformerLens attribute name → per-layer function, for the component objects (``blocks[i].attn.W_Q``).

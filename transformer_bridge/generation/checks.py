@@ -11,7 +11,7 @@ from typing import Any
 from jaxtyping import Int
 from torch import Tensor
 
-from ..checks import ArgumentValueError, TransformerLensDifferenceWarning
+from ..checks import ArgumentValueError, warn_difference_once
 
 
 def check_output_form(a: Mapping[str, Any]) -> None:
@@ -70,14 +70,10 @@ QUIET_GREEDY: ContextVar[bool] = ContextVar("QUIET_GREEDY", default=False)
 def warn_greedy(model: Any, num_beams: Any) -> None:
     """Once per model: greedy decoding by default (HF's rule), where TransformerLens' ``generate`` samples. Not for
     beam search (TransformerLens has none), nor when the caller said ``do_sample`` in a keyword or config."""
-    if num_beams != 1 or QUIET_GREEDY.get() or getattr(model, "_warned_greedy", False):
-        return
-    model._warned_greedy = True
-    warnings.warn(
-        "generate() decodes greedily: no sampling argument was given and the generation config does not sample "
-        "(HF's default). TransformerLens' generate samples by default (do_sample=True over the whole distribution): "
-        "pass do_sample=True, top_k=0 for that (HookedTransformer does so by default), or do_sample=False to decode "
-        "greedily without this warning. Said once per model.",
-        TransformerLensDifferenceWarning,
-        stacklevel=6,  # warn_greedy ← prepare ← generate ← no_grad's wrapper ← checked_keywords ← caller
-    )
+    if num_beams == 1 and not QUIET_GREEDY.get():
+        warn_difference_once(model, "_warned_greedy", (
+            "generate() decodes greedily: no sampling argument was given and the generation config does not sample "
+            "(HF's default). TransformerLens' generate samples by default (do_sample=True over the whole "
+            "distribution): pass do_sample=True, top_k=0 for that (HookedTransformer does so by default), or "
+            "do_sample=False to decode greedily without this warning."
+        ))  # fmt: skip
