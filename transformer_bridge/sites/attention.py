@@ -146,10 +146,11 @@ def hooked_attention(
     n_rep = query.shape[1] // key.shape[1]
     if n_rep > 1:
         key = key.repeat_interleave(n_rep, dim=1)
-        value = value.repeat_interleave(n_rep, dim=1)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    # `scores` is fresh here and nothing has seen it: scaling and masking edit it in place (matmul's backward
+    # needs its inputs, not its output), which saves a copy of every layer's [b, head, q, kv] per step.
+    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scaling)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     # Hooks see blocked scores as -inf, as in TransformerLens; the softmax gets HF's fill, the dtype's minimum
@@ -168,6 +169,8 @@ def hooked_attention(
         return None
     if dropout and module.training:
         pattern = nn.functional.dropout(pattern, p=dropout, training=True)
+    if n_rep > 1:  # only an edit recomputes the output; hooks that only read leave it to the original kernel
+        value = value.repeat_interleave(n_rep, dim=1)
     out = torch.matmul(pattern, value).transpose(1, 2).contiguous()
     return out, pattern
 
@@ -190,14 +193,19 @@ def _apply_mask(scores: Tensor, mask: Tensor | None, n_q: int, n_kv: int, fill: 
     if mask is None:
         # The sdpa mask function returns None for a plain causal mask (no padding, no window):
         # query i sees keys up to i + (n_kv - n_q), aligned to the end.
-        q_idx = torch.arange(n_q, device=scores.device)[:, None] + (n_kv - n_q)
-        allowed = torch.arange(n_kv, device=scores.device)[None, :] <= q_idx
-        return scores.masked_fill(~allowed, minimum)
+        return scores.masked_fill_(_causal_blocked(n_q, n_kv, scores.device), minimum)
     if mask.dtype == torch.bool:
-        return scores.masked_fill(~mask[..., :n_kv], minimum)
+        return scores.masked_fill_(~mask[..., :n_kv], minimum)
     mask = mask[..., :n_kv]
-    added = scores + mask
-    return added if fill is None else added.masked_fill(mask == torch.finfo(mask.dtype).min, fill)
+    in_place = mask.dtype == scores.dtype and torch.broadcast_shapes(mask.shape, scores.shape) == scores.shape
+    added = scores.add_(mask) if in_place else scores + mask  # else broadcasting or type promotion as in HF
+    return added if fill is None else added.masked_fill_(mask == torch.finfo(mask.dtype).min, fill)
+
+
+def _causal_blocked(n_q: int, n_kv: int, device: torch.device) -> Tensor:
+    """``[n_q, n_kv]``: True where query i (aligned to the end of the keys) may not see the key."""
+    q_idx = torch.arange(n_q, device=device)[:, None] + (n_kv - n_q)
+    return torch.arange(n_kv, device=device)[None, :] > q_idx
 
 
 class _RouteSdpa(TorchFunctionMode):
