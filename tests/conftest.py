@@ -325,6 +325,17 @@ VLLM_FAMILIES = {
     "qwen3": (transformers.Qwen3Config, dict(head_dim=64)),
     "mistral": (transformers.MistralConfig, dict(head_dim=64, sliding_window=None)),
     "phi3": (transformers.Phi3Config, dict(pad_token_id=0)),
+    # A window of 4 (every prompt here is longer on some row) on alternate layers, Gemma 2's soft-caps and sandwich
+    # norms; Gemma 3 adds per-head q/k norms and a second RoPE base for its windowed layers. Weights drawn at 0.05, not
+    # HF's 0.02: the sandwich norms divide each sublayer's output by its RMS, ~0.015 at 0.02, which magnifies the
+    # GEMMs' fp32 rounding (vLLM's and torch's differ) 60-fold.
+    "gemma2": (transformers.Gemma2Config, dict(head_dim=64, sliding_window=4, initializer_range=0.05)),
+    "gemma3": (
+        transformers.Gemma3TextConfig,
+        dict(
+            head_dim=64, sliding_window=4, initializer_range=0.05, layer_types=["sliding_attention", "full_attention"]
+        ),
+    ),
 }
 VLLM_ENGINE = dict(skip_tokenizer_init=True, enforce_eager=True, dtype="float32", max_model_len=256, seed=0)
 
@@ -355,8 +366,10 @@ def oracle(tiny_dir):
 
     def get(family: str) -> TransformerBridge:
         if family not in made:
-            hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir(family), dtype=torch.float32).eval()
-            made[family] = TransformerBridge(hf)
+            # Gemma 2 eager: HF's sdpa drops its attention soft-cap on the releases vLLM accepts (vLLM keeps it)
+            attn = {"attn_implementation": "eager"} if family == "gemma2" else {}
+            hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir(family), dtype=torch.float32, **attn)
+            made[family] = TransformerBridge(hf.eval())
         return made[family]
 
     return get

@@ -11,6 +11,7 @@ time, never by ``if version`` checks elsewhere:
   onto HF's attention interface in 5.24);
 - behaviours the bridge reproduces that changed between releases (`BEAM_SAMPLES_SORTED`);
 - where HF keeps what the bridge imports from non-public modules (`eager_attention`);
+- whether HF's sdpa kernel silently drops Gemma 2's attention soft-cap (`sdpa_drops_softcap`);
 - the keywords that load a model tensor-parallel (`tensor_parallel`, `TP_PLAN_KEYWORD`);
 - the release range this version of the bridge is tested on (`TRANSFORMERS_RANGE`, kept equal to
   ``pyproject.toml`` by a test), named in every `UnsupportedArchitectureError`.
@@ -113,6 +114,25 @@ def eager_attention(module: nn.Module) -> Callable:
     return fn
 
 
+@functools.cache
+def sdpa_drops_softcap() -> bool:
+    """Whether HF's sdpa attention silently ignores a ``softcap`` (Gemma 2's attention soft-cap) on this release;
+    later releases refuse it (``ValueError``) and load Gemma 2 eager. Read from the function's source: the bridge's
+    explicit attention must compute what the kernel it stands in for computes.
+
+    Example:
+        >>> isinstance(sdpa_drops_softcap(), bool)
+        True
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    try:
+        source = inspect.getsource(ALL_ATTENTION_FUNCTIONS["sdpa"])
+    except (OSError, TypeError):
+        return False
+    return "softcap" not in source
+
+
 __all__ = [
     "BEAM_SAMPLES_SORTED",
     "TORCH_RANGE",
@@ -125,5 +145,6 @@ __all__ = [
     "eager_attention",
     "in_range",
     "installed",
+    "sdpa_drops_softcap",
     "tensor_parallel",
 ]

@@ -259,6 +259,29 @@ def test_sandwich_norm_edits_reach_the_sublayer_output_points():
         _close(seen["x"], cache[f"blocks.{LAYER}.{out_name}"] / 2)
 
 
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_soft_capped_pattern_is_the_one_the_output_used(attn):
+    """Gemma 2 soft-caps its attention scores; HF's sdpa kernel dropped the cap silently before it refused it (5.19
+    vs 5.24). Whatever the kernel computes, hook_pattern @ v is hook_z, and an edit that changes nothing (a copy of
+    the pattern, so the bridge computes the output itself) gives the unhooked logits."""
+    from transformers import AutoModelForCausalLM
+
+    from transformer_bridge import TransformerBridge
+
+    cfg = make_bridge("gemma2").hf_model.config
+    cfg.attn_logit_softcapping = 0.002  # about the tiny model's scores (~0.003), so the cap changes every row
+    try:
+        hf = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).eval()
+    except ValueError:
+        pytest.skip(f"this transformers release refuses attn_implementation={attn!r} for Gemma 2")
+    model = TransformerBridge(hf)
+    logits, cache = model.run_with_cache(TOKENS)
+    v = cache["v", LAYER].repeat_interleave(model.cfg.n_heads // model.cfg.n_kv_heads, dim=2)
+    _close(torch.einsum("bhqk,bkhd->bqhd", cache["pattern", LAYER], v), cache["z", LAYER])
+    copied = model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.attn.hook_pattern", lambda p, hook: p.clone())])
+    _close(copied, logits)
+
+
 def test_pattern_edit_equals_z_from_values(model):
     """Replacing the pattern of one head equals writing pattern @ v into hook_z by hand."""
     if f"blocks.{LAYER}.attn.hook_pattern" not in model.hook_dict:

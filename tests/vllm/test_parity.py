@@ -7,18 +7,27 @@ pytest.importorskip("vllm.entrypoints.llm")  # skipped without vLLM (the [vllm] 
 
 from transformer_bridge.vllm import FusedPointError
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "phi3"]  # tests/conftest.py builds them (VLLM_FAMILIES)
+# tests/conftest.py builds them (VLLM_FAMILIES)
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3"]
 
 TOKENS = [[1, 5, 7, 9, 11, 13, 17], [1, 8, 3], [1, 30, 31, 32, 33]]
 
 
+# vLLM's CPU GEMMs round differently from torch's: the first projection of a bitwise-equal input already differs by
+# ~5e-7 relative, and Gemma 2's sandwich norms (each sublayer's output divided by its RMS) carry that to ~1.8e-6
+# relative on a residual of ~7 by the second block (1.2e-5 absolute). So 1e-5, plus 2e-6 of the value's size.
+RTOL = 2e-6
+
+
 def max_diffs(cache, ref):
+    """Per name, the worst ``|a - b|`` less ``RTOL`` times the tensor's largest magnitude (must stay under 1e-5)."""
     assert sorted(cache.keys()) == sorted(ref.keys())
     out = {}
     for name in ref:
         assert cache[name].shape == ref[name].shape, name
         a, b = cache[name].float(), ref[name].float()
-        out[name] = torch.where(a == b, 0.0, (a - b).abs()).max().item()  # blocked scores are -inf in both
+        size = b[b.isfinite()].abs().max()
+        out[name] = torch.where(a == b, 0.0, (a - b).abs()).max().item() - RTOL * size.item()  # -inf scores: equal
     return out
 
 

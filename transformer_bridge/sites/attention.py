@@ -24,7 +24,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..hooks.points import HookPoint
-from ..versions import eager_attention
+from ..versions import eager_attention, sdpa_drops_softcap
 from .torch_hook import TorchHook
 
 SUPPORTED_ORIGINALS = ("sdpa", "eager")
@@ -80,6 +80,10 @@ def _make_attention(original: str) -> Callable:
         groups = kwargs.pop(POINTS_KWARG, None)
         if groups is None:
             return fn(module, query, key, value, attention_mask, **kwargs)
+        if original == "sdpa" and kwargs.get("softcap") is not None and sdpa_drops_softcap():
+            # Gemma 2 under sdpa before HF refused the combination: the kernel ignores the soft-cap, so the points
+            # show (and an edit computes) the attention without it, as the model's output is.
+            kwargs = {**kwargs, "softcap": None}
         edited = hooked_attention(module, query, key, value, attention_mask, groups, **kwargs)
         # Hooks that only read leave the output to the original kernel, so caching stays bitwise exact.
         return fn(module, query, key, value, attention_mask, **kwargs) if edited is None else edited

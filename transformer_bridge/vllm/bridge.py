@@ -181,7 +181,7 @@ class VLLMBridge:
         """
         rows, ragged = self._rows(input, prepend_bos)
         done = self._run(rows, interventions, {"max_tokens": 1, "temperature": 0.0}, "forward", {"unembed.hook_out"})
-        logits = [d.captured["unembed.hook_out"][None] for d in done]
+        logits = [self._logits(d) for d in done]
         return logits if ragged else torch.cat(logits)
 
     __call__ = forward
@@ -201,11 +201,18 @@ class VLLMBridge:
         names = self.names.matching(names_filter)
         fields = {"max_tokens": 1, "temperature": 0.0}
         done = self._run(rows, interventions, fields, "forward", needed_for(names) | {"unembed.hook_out"})
-        logits = [d.captured["unembed.hook_out"][None] for d in done]
+        logits = [self._logits(d) for d in done]
         caches = [self._cache(d, names, device, None) for d in done]
         if ragged:
             return logits, caches
         return torch.cat(logits), _stack(caches, self)
+
+    def _logits(self, d: Finished) -> Tensor:
+        """The model's logits ``[1, pos, d_vocab]``: ``unembed.hook_out`` (the head's output, as in the HF bridge), then
+        the final soft-cap where the model has one (Gemma 2), computed as vLLM's logits processor does."""
+        out = d.captured["unembed.hook_out"][None]
+        cap = self.info.get("final_softcap")
+        return out if cap is None else torch.tanh(out / cap) * cap
 
     def _run(self, rows: list[list[int]], interventions: Sequence[Any] | None, fields: dict[str, Any], mode: str,
              capture: set[str]) -> list[Finished]:  # fmt: skip
@@ -248,7 +255,8 @@ class VLLMBridge:
             if name.endswith(RECOMPUTED):
                 block = name.rsplit("attn.", 1)[0]
                 q, k = d.captured[f"{block}attn.hook_rot_q"], d.captured[f"{block}attn.hook_rot_k"]
-                scores, pattern = scores_and_pattern(q, k, self.info["scale"])
+                layer = int(block.split(".")[1])
+                scores, pattern = scores_and_pattern(q, k, **self.info["attention"][layer])
                 value = scores if name.endswith("hook_attn_scores") else pattern
             else:
                 value = d.captured[name][None]

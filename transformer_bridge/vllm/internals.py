@@ -209,15 +209,30 @@ class Family:
     mlp: str = "mlp"
     gate_up: str | None = "mlp.gate_up_proj"
     down: str | None = "mlp.down_proj"
-    qk_norm: tuple[str, str] | None = None  # Qwen3's per-head q/k norms (before RoPE)
+    qk_norm: tuple[str, str] | None = None  # Qwen3's and Gemma 3's per-head q/k norms (before RoPE)
+    # Gemma 2 / 3's sandwich norms: the attention and MLP outputs are normed before they join the residual
+    # (``ln1_post`` / ``ln2_post``; ``hook_attn_out`` / ``hook_mlp_out`` are their outputs, as in the HF bridge)
+    ln1_post: str | None = None
+    ln2_post: str | None = None
+    embed_scaled: bool = False  # Gemma: the embedding is multiplied by sqrt(d_model) in the model's forward
     # Points the HF bridge has for the family that this class computes inside one fused kernel ("{layer}" per block)
     fused: tuple[str, ...] = ()
 
 
 LLAMA_LIKE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Phi3ForCausalLM")
+QK_NORM = ("self_attn.q_norm", "self_attn.k_norm")
+GEMMA2 = Family(
+    classes=("Gemma2ForCausalLM",),
+    ln2="pre_feedforward_layernorm",
+    ln1_post="post_attention_layernorm",
+    ln2_post="post_feedforward_layernorm",
+    embed_scaled=True,
+)
 FAMILIES: tuple[Family, ...] = (
     Family(classes=LLAMA_LIKE),
-    Family(classes=("Qwen3ForCausalLM",), qk_norm=("self_attn.q_norm", "self_attn.k_norm")),
+    Family(classes=("Qwen3ForCausalLM",), qk_norm=QK_NORM),
+    GEMMA2,
+    dataclasses.replace(GEMMA2, classes=("Gemma3ForCausalLM",), qk_norm=QK_NORM),
 )
 
 
@@ -250,13 +265,42 @@ def head_sizes(attn: nn.Module) -> tuple[int, int, int, float]:
     return int(n_q), int(n_kv), int(d), float(_need(attn, "scaling", "the attention block's softmax scale"))
 
 
+def attention_params(core: nn.Module) -> dict[str, Any]:
+    """One layer's softmax scale, sliding window (None: every earlier key) and logit soft-cap (None: none), read
+    from vLLM's `Attention` module and its kernel (Gemma 2 soft-caps, and alternates windowed and global layers)."""
+    impl = _need(core, "impl", "the attention layer's kernel")
+    window = getattr(core, "sliding_window", None)
+    cap = getattr(impl, "logits_soft_cap", None)
+    return {
+        "scale": float(_need(impl, "scale", "the attention kernel's softmax scale")),
+        "sliding_window": int(window) if window is not None and int(window) > 0 else None,
+        "softcap": float(cap) if cap else None,
+    }
+
+
+def final_softcap(model: nn.Module) -> float | None:
+    """The soft-cap vLLM's logits processor applies to the head's output (Gemma 2), or None."""
+    cap = getattr(getattr(model, "logits_processor", None), "soft_cap", None)
+    return float(cap) if cap else None
+
+
 def unembed_logits(model: nn.Module) -> Callable[[Tensor], Tensor]:
     """A function from final-normed hidden states to the logits vLLM's model computes from them."""
     compute = _need(model, "compute_logits", "the model's `compute_logits`")
+    processor = getattr(model, "logits_processor", None)
 
     def logits(hidden: Tensor) -> Tensor:
+        cap = getattr(processor, "soft_cap", None)
         with torch.no_grad():
-            return compute(hidden)
+            if cap is None:
+                return compute(hidden)
+            # Gemma 2 soft-caps its logits; the HF bridge's `unembed.hook_out` is the head's output before that (the
+            # engine's own call comes after this forward, so switching the cap off for this one call is safe).
+            processor.soft_cap = None
+            try:
+                return compute(hidden)
+            finally:
+                processor.soft_cap = cap
 
     return logits
 

@@ -1,7 +1,8 @@
 """Attention scores and patterns recomputed from cached post-RoPE queries and keys, as the HF bridge computes them.
 
 vLLM's attention kernels never materialise the pattern; for the layers asked for, the bridge captures
-``hook_rot_q`` / ``hook_rot_k`` and computes ``scores = q kᵀ · scale`` (GQA keys repeated per query head), shown as
+``hook_rot_q`` / ``hook_rot_k`` and computes ``scores = q kᵀ · scale`` (GQA keys repeated per query head; soft-capped
+where the layer does so), shown as
 -inf where a query may not look (causal, and the sliding window when the layer has one; TransformerLens' convention),
 and ``pattern = softmax(scores)`` in float32 with HF's fill (the dtype's minimum) there.
 """
@@ -16,6 +17,7 @@ def scores_and_pattern(
     rot_k: Float[Tensor, "pos kv_head d_head"],
     scale: float,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> tuple[Float[Tensor, "1 head query_pos key_pos"], Float[Tensor, "1 head query_pos key_pos"]]:
     """``(hook_attn_scores, hook_pattern)`` of one request, each ``[1, head, pos, pos]``.
 
@@ -26,6 +28,8 @@ def scores_and_pattern(
     k = rot_k.transpose(0, 1)[None]
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    if softcap is not None:  # Gemma 2: soft-capped before the mask, as HF's eager attention does
+        scores = torch.tanh(scores / softcap) * softcap
     n = q.shape[2]
     qi = torch.arange(n)[:, None]
     ki = torch.arange(n)[None, :]

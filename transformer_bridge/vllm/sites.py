@@ -107,7 +107,7 @@ def _flat(t: Tensor) -> Tensor:
     return t.reshape(*t.shape[:-2], -1)
 
 
-# -- one layer of a Llama-like model (Llama, Mistral, Qwen2, Qwen3, Phi-3) ----------------------------------------
+# -- one layer of a Llama-like model (Llama, Mistral, Qwen2, Qwen3, Phi-3; Gemma 2 / 3 with their sandwich norms) --
 
 
 def rms_points(prefix: str, eps: float, resid: Callable[[Any], Tensor]) -> list[Point]:
@@ -223,7 +223,7 @@ def layer_sites(model: nn.Module, fam: Family, i: int, sh: Shards) -> list[Site]
             ],
         ),
         Site(o_proj, "pre", [Point(f"{b}.attn.hook_z", z_get, z_put), Point(f"{b}.attn.hook_result", result, None)]),
-        Site(o_proj, "fwd", [Point(f"{b}.hook_attn_out", _first, lambda o, n, r: _with_first(o, n))]),
+        *_sublayer_out(o_proj if fam.ln1_post is None else sub(fam.ln1_post), fam.ln1_post, f"{b}.ln1_post", "attn"),
         Site(ln2, "pre", [Point(f"{b}.hook_resid_mid", resid_mid, put_resid_mid)]),
         Site(ln2, "pre", rms_points(f"{b}.ln2", _eps(ln2), resid_mid)),
         Site(ln2, "fwd", [Point(f"{b}.mlp.hook_in", _first, lambda o, n, r: _with_first(o, n))]),
@@ -236,10 +236,21 @@ def layer_sites(model: nn.Module, fam: Family, i: int, sh: Shards) -> list[Site]
     if fam.gate_up is not None and fam.down is not None:
         sites += _gated_mlp_sites(sub(fam.gate_up), sub(fam.down), b, sh)
     sites += [
-        Site(sub(fam.mlp), "fwd", [Point(f"{b}.hook_mlp_out", _first, lambda o, n, r: _with_first(o, n))]),
+        *_sublayer_out(sub(fam.mlp if fam.ln2_post is None else fam.ln2_post), fam.ln2_post, f"{b}.ln2_post", "mlp"),
         Site(layer, "fwd", [Point(f"{b}.hook_resid_post", resid_post, put_resid_post)]),
     ]
     return sites
+
+
+def _sublayer_out(module: nn.Module, post_norm: str | None, norm_name: str, which: str) -> list[Site]:
+    """``hook_attn_out`` / ``hook_mlp_out`` (``which``: "attn" / "mlp"): the output of the sublayer, or (Gemma 2 / 3's
+    sandwich norms) of the norm applied to it before the residual add, with that norm's ``hook_scale`` /
+    ``hook_normalized``."""
+    block = norm_name.rsplit(".", 1)[0]
+    out = Site(module, "fwd", [Point(f"{block}.hook_{which}_out", _first, lambda o, n, r: _with_first(o, n))])
+    if post_norm is None:
+        return [out]
+    return [Site(module, "pre", rms_points(norm_name, _eps(module), lambda x: x[0][0])), out]
 
 
 def _gated_mlp_sites(gate_up: nn.Module, down: nn.Module, b: str, sh: Shards) -> list[Site]:
@@ -269,6 +280,10 @@ def _gated_mlp_sites(gate_up: nn.Module, down: nn.Module, b: str, sh: Shards) ->
     ]
 
 
+def _put_hidden(x: Any, new: Tensor, rows: Tensor) -> Any:
+    return _with_arg(x, 1, "hidden_states", torch.where(_rows(rows, new), new, _arg(1, "hidden_states")(x)))
+
+
 def model_sites(model: nn.Module, fam: Family, n_layers: int, sh: Shards) -> list[Site]:
     """Every site of the model, in the order the forward reaches them."""
     embed = internals.submodule(model, fam.embed, "the token embedding")
@@ -279,10 +294,12 @@ def model_sites(model: nn.Module, fam: Family, n_layers: int, sh: Shards) -> lis
         args = x[0]
         return args[0] if len(args) < 2 or args[1] is None else args[0] + args[1]
 
-    sites = [
-        Site(model, "pre", [Point("hook_tokens", _arg(0, "input_ids"), None)]),
-        Site(embed, "fwd", [Point("hook_embed", _first, lambda o, n, r: n)]),
-    ]
+    if fam.embed_scaled:  # Gemma: the scaled embedding (the HF bridge's `hook_embed`) is what block 0 reads
+        first = internals.submodule(model, f"{fam.layers}.0", "block 0")
+        embed_site = Site(first, "pre", [Point("hook_embed", _arg(1, "hidden_states"), _put_hidden)])
+    else:
+        embed_site = Site(embed, "fwd", [Point("hook_embed", _first, lambda o, n, r: n)])
+    sites = [Site(model, "pre", [Point("hook_tokens", _arg(0, "input_ids"), None)]), embed_site]
     for i in range(n_layers):
         sites += layer_sites(model, fam, i, sh)
     sites += [

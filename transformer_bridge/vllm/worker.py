@@ -249,7 +249,13 @@ def describe(worker: Any) -> dict[str, Any]:
         "d_model": int(getattr(cfg, "hidden_size", embed.embedding_dim)),
         "d_vocab": int(getattr(cfg, "vocab_size", 0)),
         "d_mlp": int(getattr(cfg, "intermediate_size", 0) or 0),
-        "sliding_window": getattr(cfg, "sliding_window", None),
+        "attention": [  # per layer: scale, sliding window, soft-cap (for the recomputed scores and patterns)
+            internals.attention_params(
+                internals.submodule(taps.model, f"{taps.fam.layers}.{i}.{taps.fam.core}", f"block {i}'s attention")
+            )
+            for i in range(taps.n_layers)
+        ],
+        "final_softcap": internals.final_softcap(taps.model),
         "rank": taps.shards.rank,
         "tp": taps.shards.size,
         "compiled": internals.model_is_compiled(taps.model),
