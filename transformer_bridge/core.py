@@ -283,7 +283,7 @@ class BridgeCore(Running, nn.Module, HookRegistry, Tokens):
             raise ValueError(f"`input` contains token id {bad}, outside the vocabulary [0, {self.cfg.d_vocab - 1}].")
         if attention_mask is not None:
             attention_mask = check_attention_mask(attention_mask, tokens.shape, left_padded)
-        elif (padding_side or self.cfg.default_padding_side) == "left":  # the caller says: left-padded ids
+        elif (padding_side or self._default_padding_side()) == "left":  # the caller says: left-padded ids
             bos = self.cfg.default_prepend_bos if prepend_bos is None else prepend_bos
             attention_mask = left_padding_mask(tokens, self._known_pad_id(), self.cfg.bos_token_id, bos)
         else:

@@ -22,6 +22,28 @@ class Tokens:
         >>> model.to_str_tokens(tokens)
     """
 
+    @property
+    def tokenizer(self) -> Any:
+        """The HF tokenizer (None without one). Setting its ``padding_side`` afterwards changes how text is padded,
+        as it does in TransformerLens (which reads the tokenizer's); `cfg.default_padding_side` decides otherwise.
+
+        Example:
+            >>> model.tokenizer.padding_side = "left"   # model.to_tokens(texts) now left-pads, as TL's does
+        """
+        return self.__dict__.get("_tokenizer")
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self.__dict__["_tokenizer"] = value
+        self.__dict__["_tokenizer_side"] = getattr(value, "padding_side", None)  # as given: a later change is the user's
+
+    def _default_padding_side(self) -> PaddingSide:
+        """``cfg.default_padding_side``, unless the tokenizer's ``padding_side`` was set since it was attached."""
+        side = getattr(self.tokenizer, "padding_side", None)
+        if side in ("left", "right") and side != self.__dict__.get("_tokenizer_side"):
+            return side
+        return self.cfg.default_padding_side
+
     def _require_tokenizer(self) -> Any:
         if self.tokenizer is None:  # also an AssertionError, which TransformerLens raises here
             raise ArgumentValueError(
@@ -59,7 +81,8 @@ class Tokens:
 
         ``prepend_bos`` (default ``cfg.default_prepend_bos``: True when the tokenizer has a BOS token)
         makes every row start with exactly one BOS; ``padding_side`` (default ``cfg.default_padding_side``,
-        ``"right"`` as in TransformerLens) pads a batch; ``truncate`` cuts rows to the context length.
+        ``"right"`` as in TransformerLens, or the tokenizer's ``padding_side`` where it was set after the tokenizer
+        was attached, as TransformerLens reads it) pads a batch; ``truncate`` cuts rows to the context length.
         A forward or `generate` on these ids infers the mask from left padding; for right padding,
         or to be explicit, use `to_tokens_and_mask`.
 
@@ -85,7 +108,7 @@ class Tokens:
         """
         tok = self._require_tokenizer()
         bos = self.cfg.default_prepend_bos if prepend_bos is None else check_bool("prepend_bos", prepend_bos)
-        side = self.cfg.default_padding_side if padding_side is None else padding_side
+        side = self._default_padding_side() if padding_side is None else padding_side
         max_length = self.cfg.n_ctx if truncate else None
         tokens, mask = tokenize(tok, input, bos, side, self.pad_token_id, max_length)
         if self.cfg.tokenizer_appends_eos and getattr(tok, "eos_token_id", None) is not None:

@@ -297,3 +297,24 @@ def test_layer_zero_projected_neuron_stack_has_the_dtype_of_later_layers(apply_l
     assert empty.shape == (0, *later.shape[1:]) and empty.dtype == later.dtype == torch.float32
     # the float32 weights promote the bf16 activations, as in the unfused computation
     torch.testing.assert_close(later, half.stack_neuron_results(1, apply_ln=apply_ln).float() @ direction)
+
+
+def test_tokenizer_padding_side_set_after_wrapping_is_honoured_as_in_tl():
+    """TransformerLens pads text as its tokenizer's ``padding_side`` says (set to the default when attached), and
+    reads left-padded ids with a mask when it is "left". Setting it afterwards does the same here; without that,
+    ``cfg.default_padding_side`` decides."""
+    model = make_bridge("llama")
+    texts = ["ab", "abcde"]
+    right = model.to_tokens(texts)
+    assert right[0, -1] == model.pad_token_id  # right-padded: the default
+    model.tokenizer.padding_side = "left"
+    try:
+        left = model.to_tokens(texts)
+        assert left[0, 0] == model.pad_token_id and torch.equal(left[1], right[1])
+        alone = model(model.to_tokens(texts[0]))[0, -1]
+        torch.testing.assert_close(model(texts)[0, -1], alone, atol=1e-5, rtol=1e-5)  # the last column is real
+        torch.testing.assert_close(model(left)[0, -1], alone, atol=1e-5, rtol=1e-5)  # ids read with the mask
+        assert torch.equal(model.to_tokens(texts, padding_side="right"), right)  # the argument still wins
+    finally:
+        model.tokenizer.padding_side = "right"
+    assert torch.equal(model.to_tokens(texts), right)
