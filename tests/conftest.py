@@ -336,6 +336,15 @@ VLLM_FAMILIES = {
             head_dim=64, sliding_window=4, initializer_range=0.05, layer_types=["sliding_attention", "full_attention"]
         ),
     ),
+    # A mixture of experts: 4 experts, 2 per token (the experts run fused on vLLM: only the router's points).
+    "qwen3_moe": (
+        transformers.Qwen3MoeConfig,
+        dict(head_dim=64, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64),
+    ),
+    "mixtral": (
+        transformers.MixtralConfig,
+        dict(head_dim=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    ),
 }
 VLLM_ENGINE = dict(skip_tokenizer_init=True, enforce_eager=True, dtype="float32", max_model_len=256, seed=0)
 

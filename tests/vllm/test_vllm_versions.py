@@ -36,5 +36,5 @@ def test_an_unmapped_model_class_is_named():
     class GemmaForCausalLM(nn.Module):
         pass
 
-    with pytest.raises(VLLMInternalsError, match=r"`GemmaForCausalLM`.*supported classes: \['LlamaForCausalLM'"):
+    with pytest.raises(VLLMInternalsError, match=r"`GemmaForCausalLM`.*supported classes: \['Gemma2ForCausalLM'"):
         internals.family_of(GemmaForCausalLM())

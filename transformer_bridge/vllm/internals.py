@@ -215,6 +215,10 @@ class Family:
     ln1_post: str | None = None
     ln2_post: str | None = None
     embed_scaled: bool = False  # Gemma: the embedding is multiplied by sqrt(d_model) in the model's forward
+    # A mixture of experts: the router's module (its output: the router logits) and the HF bridge's routing rule
+    # (`sites.moe.route`), from which the expert weights are recomputed; the experts themselves run fused.
+    router: str | None = None
+    routing: str = "softmax_topk"
     # Points the HF bridge has for the family that this class computes inside one fused kernel ("{layer}" per block)
     fused: tuple[str, ...] = ()
 
@@ -228,8 +232,23 @@ GEMMA2 = Family(
     ln2_post="post_feedforward_layernorm",
     embed_scaled=True,
 )
+# The experts run inside one fused kernel: no tensor holds one expert's activations.
+FUSED_EXPERTS = tuple(f"blocks.{{layer}}.mlp.hook_expert_{p}" for p in ("pre", "post", "result"))
+QWEN3_MOE = Family(
+    classes=("Qwen3MoeForCausalLM",),
+    qk_norm=QK_NORM,
+    gate_up=None,
+    down=None,
+    router="mlp.gate",
+    fused=FUSED_EXPERTS,
+)
+MIXTRAL = dataclasses.replace(
+    QWEN3_MOE, classes=("MixtralForCausalLM",), qk_norm=None, mlp="block_sparse_moe", router="block_sparse_moe.gate"
+)
 FAMILIES: tuple[Family, ...] = (
     Family(classes=LLAMA_LIKE),
+    QWEN3_MOE,
+    MIXTRAL,
     Family(classes=("Qwen3ForCausalLM",), qk_norm=QK_NORM),
     GEMMA2,
     dataclasses.replace(GEMMA2, classes=("Gemma3ForCausalLM",), qk_norm=QK_NORM),

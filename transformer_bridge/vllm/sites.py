@@ -9,6 +9,7 @@ keep their pair untouched (bitwise the same as without the bridge).
 
 import dataclasses
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -235,6 +236,8 @@ def layer_sites(model: nn.Module, fam: Family, i: int, sh: Shards) -> list[Site]
             sites.insert(4 + j, Site(norm, "pre", rms_points(f"{b}.attn.{which}", _eps(norm), heads_in)))
     if fam.gate_up is not None and fam.down is not None:
         sites += _gated_mlp_sites(sub(fam.gate_up), sub(fam.down), b, sh)
+    if fam.router is not None:
+        sites.append(_router_site(sub(fam.router), fam.routing, getattr(model, "config", None), b))
     sites += [
         *_sublayer_out(sub(fam.mlp if fam.ln2_post is None else fam.ln2_post), fam.ln2_post, f"{b}.ln2_post", "mlp"),
         Site(layer, "fwd", [Point(f"{b}.hook_resid_post", resid_post, put_resid_post)]),
@@ -251,6 +254,38 @@ def _sublayer_out(module: nn.Module, post_norm: str | None, norm_name: str, whic
     if post_norm is None:
         return [out]
     return [Site(module, "pre", rms_points(norm_name, _eps(module), lambda x: x[0][0])), out]
+
+
+def _router_site(router: nn.Module, routing: str, config: Any, b: str) -> Site:
+    """``hook_router_logits`` (the router's output: an edit re-routes, since vLLM's expert kernel routes from it) and
+    ``hook_expert_weights`` (dense ``[tokens, expert]``, 0 for experts a token does not use), recomputed from the
+    logits by the HF bridge's rule (`sites.moe.route`) for caching."""
+    from ..sites.moe import route
+
+    rule = SimpleNamespace(
+        top_k=int(_need_config(config, "num_experts_per_tok")), norm_topk_prob=getattr(config, "norm_topk_prob", True)
+    )
+
+    def expert_weights(out: Any) -> Tensor:
+        logits = _first(out)
+        weights, idx = route(routing, logits, rule)  # type: ignore[arg-type]
+        return torch.zeros_like(logits).scatter(-1, idx, weights.to(logits.dtype))
+
+    return Site(
+        router,
+        "fwd",
+        [
+            Point(f"{b}.mlp.hook_router_logits", _first, lambda o, n, r: _with_first(o, n)),
+            Point(f"{b}.mlp.hook_expert_weights", expert_weights, None),
+        ],
+    )
+
+
+def _need_config(config: Any, key: str) -> Any:
+    value = getattr(config, key, None)
+    if value is None:
+        raise internals.VLLMInternalsError(f"The model's config has no `{key}` (needed to recompute expert weights).")
+    return value
 
 
 def _gated_mlp_sites(gate_up: nn.Module, down: nn.Module, b: str, sh: Shards) -> list[Site]:
