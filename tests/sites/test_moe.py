@@ -134,11 +134,22 @@ def _ban_in_router_output(model, expert: int):
             scores = out[0].clone()
             scores[flat, expert] = 0
             return (scores, *out[1:])
-        logits, weights, indices = out[0], out[1].clone(), out[2]
-        weights[(indices == expert) & flat[:, None]] = 0
-        return (logits, weights, indices, *out[3:])
+        named = _router_output(model, out)
+        named["weights"] = named["weights"].clone()
+        named["weights"][(named["indices"] == expert) & flat[:, None]] = 0
+        return _as_router_output(model, named, out)
 
     return positions, fn
+
+
+def _router_output(model, out) -> dict:
+    """The router's output by name (its order is the adapter's, which follows the release: GraniteMoE)."""
+    return dict(zip(model.adapter.moe.router_output, out, strict=False))
+
+
+def _as_router_output(model, named: dict, out) -> tuple:
+    order = model.adapter.moe.router_output
+    return (*(named[name] for name in order), *out[len(order) :])
 
 
 @pytest.mark.parametrize("way", ["expert_weights", "expert_result"])
@@ -177,9 +188,10 @@ def test_forcing_an_expert_equals_routing_it_in_the_router_output(model):
             scores = out[0].clone()
             scores[flat, new], scores[flat, old] = scores[flat, old], 0
             return (scores, *out[1:])
-        indices = out[2].clone()
-        indices[flat] = torch.where(out[2][flat] == old, new, out[2][flat])
-        return (out[0], out[1], indices, *out[3:])
+        named = _router_output(model, out)
+        indices = named["indices"].clone()
+        indices[flat] = torch.where(indices[flat] == old, new, indices[flat])
+        return _as_router_output(model, {**named, "indices": indices}, out)
 
     expected = _with_router_hook(model, oracle)
     with torch.no_grad():
@@ -208,6 +220,60 @@ def test_default_grouped_mm_kernel():
         by_output = model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.1.hook_mlp_out", zero)])
     _close(by_weights, by_output)
     _close(by_results, by_output)
+
+
+def test_jamba_routing_points_on_either_router():
+    """Jamba's router returns (logits, weights, indices) from transformers 5.21 on; before, it is a plain linear map
+    and the MoE block routes its logits itself (`LINEAR_ROUTER`): on either, a logit edit re-routes as doubled router
+    weights do, an expert-weight ban equals the same ban of the experts' input, and the results sum to the output."""
+    from conftest import HYBRID_CONFIGS, adapted_config
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(adapted_config("jamba", HYBRID_CONFIGS["jamba"])).eval()
+    model = TransformerBridge(hf, char_tokenizer())
+    cache = _cache(model)
+    weights = cache[f"blocks.{LAYER}.mlp.hook_expert_weights"]
+    assert weights.shape == (*TOKENS.shape, 4) and ((weights != 0).sum(-1) == 2).all()
+    chosen = weights.topk(2, dim=-1).indices.sort(-1).values
+    assert torch.equal(chosen, cache[f"blocks.{LAYER}.mlp.hook_router_logits"].topk(2, dim=-1).indices.sort(-1).values)
+    _close(cache[f"blocks.{LAYER}.mlp.hook_expert_result"].sum(-2), cache["mlp_out", LAYER])
+
+    router = _moe(model, model.adapter.moe.router)
+    with torch.no_grad():
+        got = model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.mlp.hook_router_logits", lambda x, h: x * 2)])
+        router.weight.mul_(2)
+        try:
+            expected = model.hf_model(TOKENS).logits
+        finally:
+            router.weight.div_(2)
+    assert not torch.equal(expected, model.hf_model(TOKENS).logits)
+    _close(got, expected)
+
+    expert = int(weights[0, 1].argmax())
+    positions = torch.zeros(TOKENS.shape, dtype=torch.bool)
+    for row, cols in BAN.items():
+        positions[row, cols] = True
+    flat = positions.reshape(-1)
+
+    def ban_input(module, args):  # the oracle: the experts module's own input, (hidden, top_k_index, top_k_weights)
+        hidden, index, w = args
+        return hidden, index, w.masked_fill((index == expert) & flat[:, None], 0)
+
+    def ban(x, hook):
+        x = x.clone()
+        x[positions, expert] = 0
+        return x
+
+    handle = _moe(model, model.adapter.moe.experts).register_forward_pre_hook(ban_input)
+    try:
+        with torch.no_grad():
+            expected = model.hf_model(TOKENS).logits
+    finally:
+        handle.remove()
+    assert not torch.allclose(expected, model.hf_model(TOKENS).logits)
+    with torch.no_grad():
+        got = model.run_with_hooks(TOKENS, fwd_hooks=[(f"blocks.{LAYER}.mlp.hook_expert_weights", ban)])
+    _close(got, expected)
 
 
 def test_attention_sinks_pattern_is_hf_eager_attention():

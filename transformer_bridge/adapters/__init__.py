@@ -12,8 +12,8 @@ from .glm import GLM, GLM4
 from .gpt2 import GPT2, GPT_BIGCODE, GPT_NEO
 from .gpt_neox import GPT_NEOX, PERSIMMON
 from .gpt_oss import GPT_OSS
-from .granitemoe import GRANITEMOE
-from .hybrid import BAMBA, JAMBA, LFM2, NEMOTRON_H
+from .granitemoe import GRANITEMOE, GRANITEMOE_BEFORE_5_21
+from .hybrid import BAMBA, JAMBA, JAMBA_BEFORE_5_21, LFM2, NEMOTRON_H
 from .layernorm_rotary import NEMOTRON, OLMO, STABLELM, STARCODER2
 from .llama import APERTUS, ARCEE, GRANITE, HUNYUAN, LLAMA, QWEN3
 from .llama4 import LLAMA4
@@ -31,11 +31,12 @@ ADAPTERS: tuple[Adapter, ...] = (
     PHI, COHERE, GPTJ, GPTJ_BEFORE_5_24, FALCON, OLMO2, EXAONE4, GPT_BIGCODE, GPT_NEO, GRANITE,
     VAULTGEMMA, PERSIMMON,
 )  # fmt: skip
-ADAPTERS += (MIXTRAL, QWEN2_MOE, QWEN3_MOE, OLMOE, GPT_OSS, LLAMA4, DEEPSEEK_V3, GRANITEMOE)  # mixture of experts
+ADAPTERS += (MIXTRAL, QWEN2_MOE, QWEN3_MOE, OLMOE, GPT_OSS, LLAMA4, DEEPSEEK_V3)  # mixture of experts
+ADAPTERS += (GRANITEMOE, GRANITEMOE_BEFORE_5_21)  # mixture of experts: the router's output order per release
 ADAPTERS += (LLAMA_NAMED, COHERE2, JAIS2, FLEX_OLMO, GLM4_MOE, SARVAM_MLA, YOUTU)  # known layouts, other names
 ADAPTERS += (NANOCHAT,)  # one norm module for the embedding and the final norm
 ADAPTERS += (MAMBA, FALCON_MAMBA, MAMBA2)  # state space
-ADAPTERS += (BAMBA, JAMBA, LFM2, NEMOTRON_H)  # hybrids: attention and state-space / convolution layers
+ADAPTERS += (BAMBA, JAMBA, JAMBA_BEFORE_5_21, LFM2, NEMOTRON_H)  # hybrids: attention and state-space / conv layers
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(dict.fromkeys(t for a in ADAPTERS for t in a.model_types))
 
 

@@ -44,6 +44,11 @@ class MoE:
         shared: the shared expert, a gated MLP (``gate_proj``, ``up_proj``, ``down_proj``) every token runs
             (Qwen2-MoE, Llama 4, DeepSeek-V3); ``shared_gate``: the linear map whose sigmoid scales its output
             (Qwen2-MoE). Their points are ``mlp.hook_shared_pre`` / ``hook_shared_post`` / ``hook_shared_gate``.
+        router_output: what a sparse router returns, in order: ``("logits", "weights", "indices")`` (every
+            family on current releases), ``("indices", "weights", "logits")`` (GraniteMoE before transformers
+            5.21), or ``LINEAR_ROUTER``: a plain linear map whose logits the MoE block routes itself, handing the
+            experts ``(hidden, top_k_index, top_k_weights)`` (Jamba before 5.21); there an edit of
+            ``hook_router_logits`` is routed by HF's own code and ``hook_expert_weights`` is the experts' input.
     """
 
     router: str
@@ -52,6 +57,11 @@ class MoE:
     dense: bool = False
     shared: str | None = None
     shared_gate: str | None = None
+    router_output: tuple[str, ...] = ("logits", "weights", "indices")
+
+
+# `MoE.router_output` of a router that is a plain linear map (its output: the logits alone).
+LINEAR_ROUTER = ("logits",)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 The MoE block is ``block_sparse_moe`` (router ``router``: top-k logits, softmax over them; experts in the
 standard layout, so ``hook_expert_pre`` / ``hook_expert_post`` exist). ``hook_mlp_out`` is the block's
-output before the residual multiplier, as for Granite.
+output before the residual multiplier, as for Granite. Before transformers 5.21 the router returned its three
+tensors in another order (`GRANITEMOE_BEFORE_5_21`).
 """
 
 from dataclasses import replace
@@ -15,6 +16,12 @@ GRANITEMOE = replace(
     model_types=("granitemoe",),
     mlp_out="block_sparse_moe",
     moe=MoE(router="block_sparse_moe.router", experts="block_sparse_moe.experts", routing="topk_softmax"),
-    # Before 5.21 HF's router returned (index, weights, logits); the bridge reads (logits, weights, index).
     transformers=">=5.21",
+)
+
+# Before 5.21 HF's router returned the same three tensors in the other order: (index, weights, logits).
+GRANITEMOE_BEFORE_5_21 = replace(
+    GRANITEMOE,
+    moe=replace(GRANITEMOE.moe, router_output=("indices", "weights", "logits")),
+    transformers="<5.21",
 )

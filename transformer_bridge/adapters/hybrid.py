@@ -8,7 +8,8 @@ the norms are on every block.
 
 - Bamba: Mamba 2 layers (``mamba``) and attention layers, every block with a gated MLP (``feed_forward``).
 - Jamba: Mamba 1 layers with RMS norms on dt / B / C, attention layers without positions (no rotary), the MLP of
-  every other block a mixture of experts (softmax, top-k, not renormalised).
+  every other block a mixture of experts (softmax, top-k, not renormalised; before transformers 5.21 its router is a
+  plain linear map, `JAMBA_BEFORE_5_21`).
 - LFM2: gated short-convolution layers (``conv``) and attention layers with per-head q/k RMS norms, a SwiGLU MLP
   (``w1`` gate, ``w3`` up, ``w2`` down) in every block.
 - Nemotron-H: each block is one norm and one sublayer (``mixer``): Mamba 2, attention, a plain relu² MLP, or a
@@ -17,7 +18,7 @@ the norms are on every block.
 
 from dataclasses import replace
 
-from .base import SSM, MoE
+from .base import LINEAR_ROUTER, SSM, MoE
 from .llama import LLAMA
 
 BAMBA = replace(
@@ -34,7 +35,7 @@ BAMBA = replace(
     ),
 )
 
-# Jamba's router returns (logits, top-k weights, top-k indices) from transformers 5.21 on (a bare linear map before).
+# Jamba's router returns (logits, top-k weights, top-k indices) from transformers 5.21 on.
 JAMBA = replace(
     BAMBA,
     model_types=("jamba",),
@@ -44,6 +45,9 @@ JAMBA = replace(
     hybrid=SSM(mixer="mamba", in_proj="mamba.in_proj", x_proj="mamba.x_proj", out_proj="mamba.out_proj",
                selection_norms=True),
 )  # fmt: skip
+
+# Before 5.21 the router was a bare linear map and the MoE block routed its logits itself.
+JAMBA_BEFORE_5_21 = replace(JAMBA, moe=replace(JAMBA.moe, router_output=LINEAR_ROUTER), transformers="<5.21")
 
 LFM2 = replace(
     LLAMA,

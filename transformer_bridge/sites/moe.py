@@ -34,7 +34,9 @@ On a block whose MLP is a mixture of experts (the adapter's `MoE` names its rout
   hooked; an edit takes effect.
 
 The router and experts modules work on flattened tokens ``[batch * pos, ...]``; the points show
-``[batch, pos, ...]``.
+``[batch, pos, ...]``. Where the router is a plain linear map (`LINEAR_ROUTER`: Jamba before transformers 5.21) the
+MoE block routes the logits itself: ``hook_router_logits`` is the linear map's output (an edit is routed by HF's own
+code) and ``hook_expert_weights`` is read from, and written into, the experts module's input.
 """
 
 from collections.abc import Callable
@@ -46,7 +48,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from ..adapters.base import MoE, Routing
+from ..adapters.base import LINEAR_ROUTER, MoE, Routing
 from ..hooks.points import HookPoint, HookRegistry
 from .torch_hook import TorchHook
 
@@ -141,12 +143,14 @@ def _batch(registry: HookRegistry) -> int:
 def _router(moe: MoE, router: nn.Module, registry: HookRegistry) -> ModuleSite:
     """``hook_router_logits`` then ``hook_expert_weights`` on the router's output."""
     n = router.num_experts
+    order = moe.router_output
 
     def process(run: Run, args: tuple, output: Any) -> Any:
         if moe.dense:
             weights, logits = output[0], output[1]
         else:
-            logits, weights, indices = output[0], output[1], output[2]
+            named = dict(zip(order, output, strict=False))
+            logits, weights, indices = named["logits"], named["weights"], named["indices"]
         batch = _batch(registry)
         shown = logits.view(batch, -1, n)
         new = run("router_logits", shown)
@@ -168,10 +172,54 @@ def _router(moe: MoE, router: nn.Module, registry: HookRegistry) -> ModuleSite:
             return output
         if moe.dense:
             return (weights, logits, *output[2:])
-        return (logits, weights, indices, *output[3:])
+        named = {"logits": logits, "weights": weights, "indices": indices}
+        return (*(named[name] for name in order), *output[len(order) :])
 
     site = ModuleSite(router, process, registry)
     return site
+
+
+def _linear_router(router: nn.Module, registry: HookRegistry) -> ModuleSite:
+    """``hook_router_logits`` on a router that is a plain linear map (`LINEAR_ROUTER`): the MoE block routes the
+    (edited) logits with its own code."""
+
+    def process(run: Run, args: tuple, logits: Tensor) -> Tensor:
+        shown = logits.view(_batch(registry), -1, logits.shape[-1])
+        new = run("router_logits", shown)
+        return logits if new is shown else new.reshape(logits.shape)
+
+    return ModuleSite(router, process, registry)
+
+
+@dataclass(eq=False)
+class InputSite(ModuleSite):
+    """A forward pre-hook on one module whose ``process(run, args)`` returns its positional inputs (the same tuple
+    when nothing changed)."""
+
+    def _register(self) -> RemovableHandle:
+        return self.module.register_forward_pre_hook(self._pre)
+
+    def _pre(self, module: nn.Module, args: tuple) -> tuple | None:
+        self.fired = True
+        new = self.process(self._run, args, None)
+        return None if new is args else new
+
+
+def _expert_inputs(experts: nn.Module, n: int, registry: HookRegistry) -> InputSite:
+    """``hook_expert_weights`` at the experts' input ``(hidden, top_k_index, top_k_weights)``, where the router does
+    not return them (`LINEAR_ROUTER`); an edit hands the experts the edited routing."""
+
+    def process(run: Run, args: tuple, _: None) -> tuple:
+        hidden, index, weights = args[:3]
+        dense = torch.zeros(index.shape[0], n, dtype=weights.dtype, device=weights.device).scatter(1, index, weights)
+        shown = dense.view(_batch(registry), -1, n)
+        new = run("expert_weights", shown)
+        if new is shown:
+            return args
+        weights, index = _sparse(new.reshape(dense.shape))
+        return (hidden, index, weights, *args[3:])
+
+    return InputSite(experts, process, registry)
 
 
 def has_expert_internals(experts: nn.Module, d_model: int) -> bool:
@@ -346,14 +394,20 @@ def moe_sites(
 ) -> list[tuple[str, ModuleSite]]:
     """``(point key, site)`` for the MoE points of one block, in canonical order."""
     router, experts = get(block, moe.router), get(block, moe.experts)
-    routing = _router(moe, router, registry)
     d_model = router.weight.shape[-1]
+    if moe.router_output == LINEAR_ROUTER:
+        n = router.out_features
+        weights: ModuleSite = _expert_inputs(experts, n, registry)
+        routing = _linear_router(router, registry)
+    else:
+        n = router.num_experts
+        routing = weights = _router(moe, router, registry)
     if moe.dense:
         internals = "dense" if has_dense_expert_internals(experts, d_model) else None
     elif has_expert_internals(experts, d_model):
         internals = "standard"
     else:
         internals = "interleaved" if has_interleaved_expert_internals(experts, d_model) else None
-    computed = _experts(moe, experts, router.num_experts, registry, internals)
+    computed = _experts(moe, experts, n, registry, internals)
     keys = ["expert_pre", "expert_post", "expert_result"] if internals else ["expert_result"]
-    return [("router_logits", routing), ("expert_weights", routing), *((key, computed) for key in keys)]
+    return [("router_logits", routing), ("expert_weights", weights), *((key, computed) for key in keys)]
