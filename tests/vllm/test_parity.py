@@ -13,7 +13,7 @@ pytest.importorskip("vllm.entrypoints.llm")  # skipped without vLLM (the [vllm] 
 from transformer_bridge.vllm import FusedPointError
 
 # tests/conftest.py builds them (VLLM_FAMILIES)
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3"]  # mixtures of experts: moe_parity.py
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3"]  # more: moe_parity.py, backend_parity.py
 
 TOKENS = [[1, 5, 7, 9, 11, 13, 17], [1, 8, 3], [1, 30, 31, 32, 33]]
 
@@ -81,12 +81,13 @@ def test_unknown_and_fused_names_raise(engine):
         model.names.fused.pop()
 
 
-def test_mixtures_of_experts_in_their_own_process():
-    """The MoE families (`moe_parity.py`) run in a process of their own: vLLM creates its expert-parallel group with
-    the first engine of a process, so an MoE engine cannot follow this process's dense ones."""
+@pytest.mark.parametrize(("script", "n_tests"), [("moe_parity.py", 3), ("backend_parity.py", 3)])
+def test_in_a_process_of_its_own(script, n_tests):
+    """The mixtures of experts (`moe_parity.py`: vLLM creates its expert-parallel group with the first engine of a
+    process, so an MoE engine cannot follow this process's dense ones) and vLLM's Transformers backend
+    (`backend_parity.py`: it patches HF's model classes in its process)."""
     root = Path(__file__).resolve().parents[2]
-    script = str(Path(__file__).with_name("moe_parity.py"))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", script]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).with_name(script))]
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "3 passed" in done.stdout
+    assert f"{n_tests} passed" in done.stdout

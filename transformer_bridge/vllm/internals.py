@@ -255,13 +255,81 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+# vLLM's Transformers backend (``model_impl="transformers"``, and vLLM's choice for families it has no class for, such
+# as OLMo 2): HF's own decoder layers, with vLLM's fused projections and attention swapped in. `hf_sites` reads them.
+TRANSFORMERS_BACKEND = "TransformersForCausalLM"
+HF_ATTENTION = "vllm"  # the name vLLM registers its attention under in HF's attention registry
+
+
+def backend_family(model: nn.Module) -> Family:
+    """The `Family` of a Transformers-backend model, read off its first decoder layer: pre-norm (Llama, Qwen 2,
+    Mistral: ``input_layernorm`` / ``post_attention_layernorm``) or post-norm (OLMo 2: ``post_attention_layernorm`` /
+    ``post_feedforward_layernorm`` after each sublayer), whole-projection q/k norms where HF has them."""
+    layer = submodule(model, "model.layers.0", "the first decoder layer")
+    names = {n for n, _ in layer.named_modules()}
+    fused = {"self_attn.qkv_proj", "mlp.gate_up_proj", "mlp.down_proj", "self_attn.o_proj", "self_attn.attn"}
+    if not fused <= names or "pre_feedforward_layernorm" in names:
+        raise _moved(
+            f"the Transformers backend runs `{type(layer).__name__}` with modules the bridge does not map (it needs "
+            f"{sorted(fused)} and no pre-feed-forward norm; found {sorted(n for n in names if n.count('.') < 2)})"
+        )
+    post_norm = "input_layernorm" not in names
+    qk = ("self_attn.q_norm", "self_attn.k_norm") if "self_attn.q_norm" in names else None
+    return Family(
+        classes=(TRANSFORMERS_BACKEND,),
+        ln1="" if post_norm else "input_layernorm",
+        ln2="" if post_norm else "post_attention_layernorm",
+        ln1_post="post_attention_layernorm" if post_norm else None,
+        ln2_post="post_feedforward_layernorm" if post_norm else None,
+        qk_norm=qk,
+    )
+
+
+_ATTENTION_TAPS: dict[int, Callable[[Tensor, Tensor], tuple[Tensor, Tensor] | None]] = {}
+
+
+class _AttentionTap:
+    def __init__(self, module: nn.Module) -> None:
+        self.key = id(module)
+
+    def remove(self) -> None:
+        _ATTENTION_TAPS.pop(self.key, None)
+
+
+def tap_attention(module: nn.Module, fn: Callable[[Tensor, Tensor], tuple[Tensor, Tensor] | None]) -> _AttentionTap:
+    """Under the Transformers backend, call ``fn(query, key)`` (HF's ``[1, head, tokens, d]``, after RoPE) before
+    vLLM's attention for HF attention module ``module``; it returns None or the (edited) pair. vLLM calls its
+    `Attention` layer's ``forward`` directly there, so a torch hook on it never fires: the bridge wraps the function
+    vLLM registers in HF's attention registry instead (once per process)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    original = ALL_ATTENTION_FUNCTIONS.get(HF_ATTENTION)
+    if original is None:
+        raise _moved(f"HF's attention registry has no `{HF_ATTENTION}` function (the Transformers backend's)")
+    if not getattr(original, "_bridge_tapped", False):
+
+        def attention(attn_module: nn.Module, query: Tensor, key: Tensor, *args: Any, **kwargs: Any) -> Any:
+            tap = _ATTENTION_TAPS.get(id(attn_module))
+            new = None if tap is None else tap(query, key)
+            if new is not None:
+                query, key = new
+            return original(attn_module, query, key, *args, **kwargs)
+
+        attention._bridge_tapped = True  # type: ignore[attr-defined]
+        ALL_ATTENTION_FUNCTIONS[HF_ATTENTION] = attention
+    _ATTENTION_TAPS[id(module)] = fn
+    return _AttentionTap(module)
+
+
 def family_of(model: nn.Module) -> Family:
     """The `Family` of a worker's model, or `VLLMInternalsError` naming the class and those supported."""
     name = type(model).__name__
+    if name == TRANSFORMERS_BACKEND:
+        return backend_family(model)
     for fam in FAMILIES:
         if name in fam.classes:
             return fam
-    known = sorted(c for f in FAMILIES for c in f.classes)
+    known = sorted({TRANSFORMERS_BACKEND, *(c for f in FAMILIES for c in f.classes)})
     raise VLLMInternalsError(
         f"vLLM {version()} runs this model as `{name}`, which transformer_bridge.vllm does not map onto hook names "
         f"yet; supported classes: {known}."
@@ -276,12 +344,13 @@ def submodule(root: nn.Module, path: str, what: str) -> nn.Module:
         raise _moved(f"`{type(root).__name__}` has no `{path}` ({what})") from None
 
 
-def head_sizes(attn: nn.Module) -> tuple[int, int, int, float]:
-    """``(local q heads, local kv heads, head dim, softmax scale)`` of one of vLLM's attention blocks."""
-    n_q = _need(attn, "num_heads", "the attention block's head count")
-    n_kv = _need(attn, "num_kv_heads", "the attention block's kv-head count")
-    d = _need(attn, "head_dim", "the attention block's head size")
-    return int(n_q), int(n_kv), int(d), float(_need(attn, "scaling", "the attention block's softmax scale"))
+def head_sizes(core: nn.Module) -> tuple[int, int, int, float]:
+    """``(local q heads, local kv heads, head dim, softmax scale)`` of one of vLLM's `Attention` layers (the one a
+    native model class and the Transformers backend both call)."""
+    n_q = _need(core, "num_heads", "the attention layer's head count")
+    n_kv = _need(core, "num_kv_heads", "the attention layer's kv-head count")
+    d = _need(core, "head_size", "the attention layer's head size")
+    return int(n_q), int(n_kv), int(d), float(_need(core, "impl.scale", "the attention kernel's softmax scale"))
 
 
 def attention_params(core: nn.Module) -> dict[str, Any]:
@@ -326,5 +395,5 @@ def unembed_logits(model: nn.Module) -> Callable[[Tensor], Tensor]:
 
 def fused_points(info: dict[str, Any]) -> list[str]:
     """Names the HF bridge serves for this family that vLLM's engine computes inside a fused kernel."""
-    fam = next(f for f in FAMILIES if info["class"] in f.classes)
+    fam = next((f for f in FAMILIES if info["class"] in f.classes), Family(classes=()))
     return [p.format(layer=i) for p in fam.fused for i in range(info["n_layers"])]

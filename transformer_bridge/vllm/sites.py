@@ -31,7 +31,8 @@ class Point:
 
 @dataclasses.dataclass
 class Site:
-    """Points served by one torch hook: ``kind`` "pre" (inputs: ``(args, kwargs)``) or "fwd" (output)."""
+    """Points served by one torch hook: ``kind`` "pre" (inputs: ``(args, kwargs)``) or "fwd" (output), or "attn" (the
+    ``(query, key)`` HF hands vLLM's attention under the Transformers backend: `internals.tap_attention`)."""
 
     module: nn.Module
     kind: str
@@ -134,7 +135,7 @@ def layer_sites(model: nn.Module, fam: Family, i: int, sh: Shards) -> list[Site]
     layer = internals.submodule(model, f"{fam.layers}.{i}", "a decoder layer")
     sub = lambda path: internals.submodule(layer, path, f"block {i}")  # noqa: E731
     b = f"blocks.{i}"
-    n_q, n_kv, d_head, _ = internals.head_sizes(sub(fam.attn))
+    n_q, n_kv, d_head, _ = internals.head_sizes(sub(fam.core))
     q_w, kv_w = n_q * d_head, n_kv * d_head  # local widths
     ln1, ln2 = sub(fam.ln1), sub(fam.ln2)
 
@@ -162,20 +163,6 @@ def layer_sites(model: nn.Module, fam: Family, i: int, sh: Shards) -> list[Site]
     def put_resid_post(out: Any, new: Tensor, rows: Tensor) -> Any:
         return _pair_put(out[0], out[1], new, rows)
 
-    def qkv_get(part: int) -> Get:
-        bounds = [(0, q_w), (q_w, q_w + kv_w), (q_w + kv_w, q_w + 2 * kv_w)][part]
-        return lambda out: _heads(sh.gather(_first(out)[..., bounds[0] : bounds[1]]), d_head)
-
-    def qkv_put(part: int) -> Put:
-        bounds = [(0, q_w), (q_w, q_w + kv_w), (q_w + kv_w, q_w + 2 * kv_w)][part]
-
-        def put(out: Any, new: Tensor, rows: Tensor) -> Any:
-            fused = _first(out).clone()
-            fused[..., bounds[0] : bounds[1]] = sh.local(_flat(new))
-            return _with_first(out, fused)
-
-        return put
-
     def core_get(i_arg: int, key: str) -> Get:
         read = _arg(i_arg, key)
         return lambda x: _heads(sh.gather(read(x)), d_head)
@@ -184,13 +171,71 @@ def layer_sites(model: nn.Module, fam: Family, i: int, sh: Shards) -> list[Site]
         read = _arg(i_arg, key)
         return lambda x, new, rows: _with_arg(x, i_arg, key, sh.local(_flat(new)).reshape(read(x).shape).contiguous())
 
+    o_proj = sub(fam.o_proj)
+    ln1_out = lambda out: _first(out)  # noqa: E731
+    sites = [
+        Site(layer, "pre", [Point(f"{b}.hook_resid_pre", resid_pre, put_resid_pre)]),
+        Site(layer, "pre", rms_points(f"{b}.ln1", _eps(ln1), resid_pre)),
+        Site(ln1, "fwd", [Point(f"{b}.attn.hook_in", ln1_out, lambda o, n, r: _with_first(o, n))]),
+        qkv_site(sub(fam.qkv), b, q_w, kv_w, d_head, sh),
+        Site(
+            sub(fam.core),
+            "pre",
+            [
+                Point(f"{b}.attn.hook_rot_q", core_get(0, "query"), core_put(0, "query")),
+                Point(f"{b}.attn.hook_rot_k", core_get(1, "key"), core_put(1, "key")),
+            ],
+        ),
+        z_site(o_proj, b, d_head, sh),
+        *sublayer_out(o_proj if fam.ln1_post is None else sub(fam.ln1_post), fam.ln1_post, f"{b}.ln1_post", "attn"),
+        Site(ln2, "pre", [Point(f"{b}.hook_resid_mid", resid_mid, put_resid_mid)]),
+        Site(ln2, "pre", rms_points(f"{b}.ln2", _eps(ln2), resid_mid)),
+        Site(ln2, "fwd", [Point(f"{b}.mlp.hook_in", _first, lambda o, n, r: _with_first(o, n))]),
+    ]
+    if fam.qk_norm is not None:  # Qwen3: per-head norms of q and k before RoPE
+        for j, (path, which) in enumerate(zip(fam.qk_norm, ("q_norm", "k_norm"), strict=True)):
+            norm = sub(path)
+            heads_in = lambda x: sh.gather_heads(x[0][0])  # noqa: E731
+            sites.insert(4 + j, Site(norm, "pre", rms_points(f"{b}.attn.{which}", _eps(norm), heads_in)))
+    if fam.gate_up is not None and fam.down is not None:
+        sites += gated_mlp_sites(sub(fam.gate_up), sub(fam.down), b, sh)
+    if fam.router is not None:
+        sites.append(_router_site(sub(fam.router), fam.routing, getattr(model, "config", None), b))
+    sites += [
+        *sublayer_out(sub(fam.mlp if fam.ln2_post is None else fam.ln2_post), fam.ln2_post, f"{b}.ln2_post", "mlp"),
+        Site(layer, "fwd", [Point(f"{b}.hook_resid_post", resid_post, put_resid_post)]),
+    ]
+    return sites
+
+
+def qkv_site(qkv: nn.Module, b: str, q_w: int, kv_w: int, d_head: int, sh: Shards) -> Site:
+    """``hook_q`` / ``hook_k`` / ``hook_v``, split out of vLLM's fused projection (local widths ``q_w``, ``kv_w``)."""
+
+    def get(part: int) -> Get:
+        lo, hi = [(0, q_w), (q_w, q_w + kv_w), (q_w + kv_w, q_w + 2 * kv_w)][part]
+        return lambda out: _heads(sh.gather(_first(out)[..., lo:hi]), d_head)
+
+    def put(part: int) -> Put:
+        lo, hi = [(0, q_w), (q_w, q_w + kv_w), (q_w + kv_w, q_w + 2 * kv_w)][part]
+
+        def write(out: Any, new: Tensor, rows: Tensor) -> Any:
+            fused = _first(out).clone()
+            fused[..., lo:hi] = sh.local(_flat(new))
+            return _with_first(out, fused)
+
+        return write
+
+    return Site(qkv, "fwd", [Point(f"{b}.attn.hook_{c}", get(j), put(j)) for j, c in enumerate("qkv")])
+
+
+def z_site(o_proj: nn.Module, b: str, d_head: int, sh: Shards) -> Site:
+    """``hook_z`` (o_proj's input) and ``hook_result`` (computed on demand)."""
+
     def z_get(x: Any) -> Tensor:
         return _heads(sh.gather(x[0][0]), d_head)
 
     def z_put(x: Any, new: Tensor, rows: Tensor) -> Any:
         return (sh.local(_flat(new)).contiguous(), *x[0][1:]), x[1]
-
-    o_proj = sub(fam.o_proj)
 
     def result(x: Any) -> Tensor:
         """Per-head outputs: each head's z alone through vLLM's own o_proj (its weights may be repacked for the
@@ -209,43 +254,10 @@ def layer_sites(model: nn.Module, fam: Family, i: int, sh: Shards) -> list[Site]
             outs.append(o_proj.forward(alone.reshape(z.shape))[0] - zero)
         return torch.stack(outs, dim=1)
 
-    ln1_out = lambda out: _first(out)  # noqa: E731
-    sites = [
-        Site(layer, "pre", [Point(f"{b}.hook_resid_pre", resid_pre, put_resid_pre)]),
-        Site(layer, "pre", rms_points(f"{b}.ln1", _eps(ln1), resid_pre)),
-        Site(ln1, "fwd", [Point(f"{b}.attn.hook_in", ln1_out, lambda o, n, r: _with_first(o, n))]),
-        Site(sub(fam.qkv), "fwd", [Point(f"{b}.attn.hook_{c}", qkv_get(j), qkv_put(j)) for j, c in enumerate("qkv")]),
-        Site(
-            sub(fam.core),
-            "pre",
-            [
-                Point(f"{b}.attn.hook_rot_q", core_get(0, "query"), core_put(0, "query")),
-                Point(f"{b}.attn.hook_rot_k", core_get(1, "key"), core_put(1, "key")),
-            ],
-        ),
-        Site(o_proj, "pre", [Point(f"{b}.attn.hook_z", z_get, z_put), Point(f"{b}.attn.hook_result", result, None)]),
-        *_sublayer_out(o_proj if fam.ln1_post is None else sub(fam.ln1_post), fam.ln1_post, f"{b}.ln1_post", "attn"),
-        Site(ln2, "pre", [Point(f"{b}.hook_resid_mid", resid_mid, put_resid_mid)]),
-        Site(ln2, "pre", rms_points(f"{b}.ln2", _eps(ln2), resid_mid)),
-        Site(ln2, "fwd", [Point(f"{b}.mlp.hook_in", _first, lambda o, n, r: _with_first(o, n))]),
-    ]
-    if fam.qk_norm is not None:  # Qwen3: per-head norms of q and k before RoPE
-        for j, (path, which) in enumerate(zip(fam.qk_norm, ("q_norm", "k_norm"), strict=True)):
-            norm = sub(path)
-            heads_in = lambda x: sh.gather_heads(x[0][0])  # noqa: E731
-            sites.insert(4 + j, Site(norm, "pre", rms_points(f"{b}.attn.{which}", _eps(norm), heads_in)))
-    if fam.gate_up is not None and fam.down is not None:
-        sites += _gated_mlp_sites(sub(fam.gate_up), sub(fam.down), b, sh)
-    if fam.router is not None:
-        sites.append(_router_site(sub(fam.router), fam.routing, getattr(model, "config", None), b))
-    sites += [
-        *_sublayer_out(sub(fam.mlp if fam.ln2_post is None else fam.ln2_post), fam.ln2_post, f"{b}.ln2_post", "mlp"),
-        Site(layer, "fwd", [Point(f"{b}.hook_resid_post", resid_post, put_resid_post)]),
-    ]
-    return sites
+    return Site(o_proj, "pre", [Point(f"{b}.attn.hook_z", z_get, z_put), Point(f"{b}.attn.hook_result", result, None)])
 
 
-def _sublayer_out(module: nn.Module, post_norm: str | None, norm_name: str, which: str) -> list[Site]:
+def sublayer_out(module: nn.Module, post_norm: str | None, norm_name: str, which: str) -> list[Site]:
     """``hook_attn_out`` / ``hook_mlp_out`` (``which``: "attn" / "mlp"): the output of the sublayer, or (Gemma 2 / 3's
     sandwich norms) of the norm applied to it before the residual add, with that norm's ``hook_scale`` /
     ``hook_normalized``."""
@@ -288,7 +300,7 @@ def _need_config(config: Any, key: str) -> Any:
     return value
 
 
-def _gated_mlp_sites(gate_up: nn.Module, down: nn.Module, b: str, sh: Shards) -> list[Site]:
+def gated_mlp_sites(gate_up: nn.Module, down: nn.Module, b: str, sh: Shards) -> list[Site]:
     """``hook_pre`` (gate), ``hook_pre_linear`` (up), split out of vLLM's fused projection, and ``hook_post``."""
 
     def half(j: int) -> Get:
@@ -334,10 +346,7 @@ def model_sites(model: nn.Module, fam: Family, n_layers: int, sh: Shards) -> lis
         embed_site = Site(first, "pre", [Point("hook_embed", _arg(1, "hidden_states"), _put_hidden)])
     else:
         embed_site = Site(embed, "fwd", [Point("hook_embed", _first, lambda o, n, r: n)])
-    sites = [Site(model, "pre", [Point("hook_tokens", _arg(0, "input_ids"), None)]), embed_site]
-    for i in range(n_layers):
-        sites += layer_sites(model, fam, i, sh)
-    sites += [
+    final = [
         Site(norm, "pre", rms_points("ln_final", _eps(norm), final_resid)),
         Site(
             norm,
@@ -348,4 +357,10 @@ def model_sites(model: nn.Module, fam: Family, n_layers: int, sh: Shards) -> lis
             ],
         ),
     ]
-    return sites
+    tokens = Site(model, "pre", [Point("hook_tokens", _arg(0, "input_ids"), None)])
+    if fam.classes == (internals.TRANSFORMERS_BACKEND,):  # HF's own layers, on a batch of one ([1, tokens, ...])
+        from .hf_sites import batched, hf_layer_sites
+
+        layers = [site for i in range(n_layers) for site in hf_layer_sites(model, fam, i, sh)]
+        return [tokens, batched(embed_site), *layers, *map(batched, final)]
+    return [tokens, embed_site, *(site for i in range(n_layers) for site in layer_sites(model, fam, i, sh)), *final]

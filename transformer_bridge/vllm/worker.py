@@ -96,6 +96,8 @@ class Taps:
                 continue
             if site.kind == "pre":
                 handle = site.module.register_forward_pre_hook(self._pre(site), with_kwargs=True)
+            elif site.kind == "attn":  # the Transformers backend's (query, key), where HF hands them to vLLM
+                handle = internals.tap_attention(site.module, lambda q, k, site=site: self._run_site(site, (q, k)))
             else:
                 handle = site.module.register_forward_hook(self._fwd(site))
             self.handles.append(handle)
@@ -233,8 +235,8 @@ def taps_of(worker: Any) -> Taps:
 def describe(worker: Any) -> dict[str, Any]:
     """What the driver needs to name points: sizes, the served points, rank, and whether the model is compiled."""
     taps = taps_of(worker)
-    attn = internals.submodule(taps.model, f"{taps.fam.layers}.0.{taps.fam.attn}", "block 0's attention")
-    n_q, n_kv, d_head, scale = internals.head_sizes(attn)
+    core = internals.submodule(taps.model, f"{taps.fam.layers}.0.{taps.fam.core}", "block 0's attention")
+    n_q, n_kv, d_head, scale = internals.head_sizes(core)
     embed = internals.submodule(taps.model, taps.fam.embed, "the token embedding")
     cfg = getattr(getattr(internals.worker_runner(worker), "model_config", None), "hf_config", None)
     return {
