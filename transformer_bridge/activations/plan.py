@@ -98,8 +98,8 @@ def resolve(
     kind: str,
 ) -> Plan:  # fmt: skip
     """Check every argument (errors name the parameter, the value and what is allowed) and resolve the plan."""
-    if not isinstance(model, BridgeCore):
-        raise ArgumentTypeError(f"`model` must be a TransformerBridge, got {describe(model)}.")
+    if not isinstance(model, BridgeCore) and not getattr(model, "harvest_runner", False):
+        raise ArgumentTypeError(f"`model` must be a TransformerBridge or a VLLMBridge, got {describe(model)}.")
     points = model.names_matching(names, "names")
     flat = [p for p in points if p.endswith(NO_POSITION_AXIS)]
     if flat:

@@ -74,6 +74,7 @@ def harvest(
     are not either; rows keep their token id, document index and position (`ActivationStore.tokens` ...).
     ``dtype``: storage dtype (default the model's). ``shard_size``: bytes of activations per shard file.
     ``max_tokens`` stops after that many tokens are fed to the model (per rank under data parallelism).
+    ``model`` may be a `VLLMBridge` (the engine runs each window as a request; it always runs the whole model).
 
     Killed at any moment, a rerun with the same arguments continues where the last finished shard ended; a
     folder holding a harvest with other settings is refused unless ``overwrite=True`` (which deletes it). A
@@ -86,6 +87,8 @@ def harvest(
         ...                 context_length=64, batch_size=16)
         >>> len(store), store.read("blocks.3.hook_resid_post").shape
     """
+    if hasattr(model, "_harvest_model"):  # a VLLMBridge: the engine runs the windows (transformer_bridge.vllm.harvest)
+        model = model._harvest_model()
     kind, documents = raw_documents(data, text_column, attention_mask)
     plan = resolve(model, names, context_length, batch_size, dtype, stop_at_layer, exclude_bos, exclude_tokens,
                    prepend_bos, shard_size, max_tokens, kind)  # fmt: skip

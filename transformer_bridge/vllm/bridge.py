@@ -101,6 +101,11 @@ class VLLMBridge:
 
         return cls(LLM(model=str(path), **engine_kwargs))
 
+    def _harvest_model(self) -> Any:  # read by `harvest`: this engine as the loop's runner
+        from .harvest import HarvestModel
+
+        return HarvestModel(self)
+
     def _points_off(self) -> dict[str, str]:  # read by ActivationCache: names it reports as not served, not unknown
         return dict.fromkeys(self.names.fused, "vLLM's engine fuses it away (computed inside one kernel)")
 
