@@ -81,6 +81,7 @@ class VLLMBridge:
         info = llm.collective_rpc(worker.describe)[0]
         self.info = info
         self.compiled = bool(info["compiled"])
+        self.declared = set(info.get("declared", ()))  # a compiled engine's points (`compiled_points`)
         self.names = ServedNames(info["points"], info["n_layers"], internals.fused_points(info))
         self.writable = set(info["writable"])
         self.cfg = VLLMConfig(info["n_layers"], info["n_heads"], info["n_kv_heads"], info["d_head"],
@@ -91,15 +92,28 @@ class VLLMBridge:
         self._steering: list[Intervention] = []
 
     @classmethod
-    def from_pretrained(cls, path: str, **engine_kwargs: Any) -> "VLLMBridge":
+    def from_pretrained(cls, path: str, compiled_points: NameFilter = None, **engine_kwargs: Any) -> "VLLMBridge":
         """Build a vLLM engine for ``path`` (``engine_kwargs`` go to ``vllm.LLM``) and wrap it.
+
+        ``compiled_points`` (a name, shorthand, list or filter) declares the points a compiled engine (vLLM's default)
+        serves: their taps are traced into the compiled code when the engine is built, and declared interventions and
+        captures of them then work without recompiling (`transformer_bridge.vllm.compiled`). Python hooks need
+        ``enforce_eager=True``.
 
         Example:
             >>> model = VLLMBridge.from_pretrained("/models/SmolLM2-135M", enforce_eager=True, dtype="float32")
+            >>> fast = VLLMBridge.from_pretrained(path, compiled_points=["blocks.10.hook_resid_post"])
         """
         from vllm import LLM  # optional dependency
 
-        return cls(LLM(model=str(path), **engine_kwargs))
+        if compiled_points is None:
+            return cls(LLM(model=str(path), **engine_kwargs))
+        if engine_kwargs.get("enforce_eager"):
+            raise ValueError("`compiled_points` declares points for a compiled engine; drop `enforce_eager=True`.")
+        from . import compiled
+
+        with internals.on_model_load(lambda runner, model: compiled.install(runner, model, compiled_points)):
+            return cls(LLM(model=str(path), **engine_kwargs))
 
     def _harvest_model(self) -> Any:  # read by `harvest`: this engine as the loop's runner
         from .harvest import HarvestModel
@@ -221,16 +235,17 @@ class VLLMBridge:
 
     def _run(self, rows: list[list[int]], interventions: Sequence[Any] | None, fields: dict[str, Any], mode: str,
              capture: set[str]) -> list[Finished]:  # fmt: skip
-        if self.compiled and capture:
-            raise CompiledEngineError(
-                "Reading hook points needs an engine built with `enforce_eager=True`: this one runs compiled code, "
-                "where the bridge's taps never fire."
-            )
         per_request = self._interventions(interventions, len(rows))
-        if self.compiled and any(per_request):
-            raise CompiledEngineError(
-                "Declared interventions on a compiled engine are not supported yet; build it with `enforce_eager=True`."
-            )
+        if self.compiled:
+            points = set(capture) | {iv["point"] for ivs in per_request for iv in ivs}
+            undeclared = sorted(points - self.declared)
+            if undeclared:
+                raise CompiledEngineError(
+                    f"{undeclared[:6]} {'is' if len(undeclared) == 1 else 'are'} not served by this compiled engine: "
+                    "its points are declared when it is built, `VLLMBridge.from_pretrained(path, "
+                    f"compiled_points=[...])` (declared here: {sorted(self.declared)[:6]}), or build it with "
+                    "`enforce_eager=True`."
+                )
         fns: dict[str, list[HookFn]] = {}
         for name, fn in self._hooks:
             fns.setdefault(name, []).append(fn)

@@ -8,10 +8,11 @@ function that raises `VLLMInternalsError` naming what moved and the installed re
 `AttributeError` from deep inside a hook.
 """
 
+import contextlib
 import dataclasses
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -180,6 +181,44 @@ def batch_rows(runner: Any, n_tokens: int) -> list[Row]:
         n_prompt = len(getattr(state, "prompt_token_ids", None) or ())
         rows.append(Row(req_id, extra.get(EXTRA_KEY), start, stop, n_prompt))
     return rows
+
+
+@contextlib.contextmanager
+def on_model_load(callback: Callable[[Any, nn.Module], None]) -> Iterator[None]:
+    """While the block runs, every model runner calls ``callback(runner, model)`` right after loading its model, before
+    vLLM compiles it (so hooks registered there are traced into the compiled code). In-process engines, and worker
+    processes forked inside the block, see it. vLLM's compile cache is off meanwhile: a graph cached without the
+    bridge's taps must not be loaded for an engine that has them, nor one with taps for an engine without."""
+    from vllm.v1.worker import cpu_model_runner, gpu_model_runner
+
+    classes = [cpu_model_runner.CPUModelRunner, gpu_model_runner.GPUModelRunner]
+    originals = {cls: vars(cls).get("load_model") for cls in classes}
+    if not any(originals.values()):
+        raise _moved("no model runner defines `load_model`")
+
+    def wrap(original: Callable) -> Callable:
+        def load_model(runner: Any, *args: Any, **kwargs: Any) -> Any:
+            out = original(runner, *args, **kwargs)
+            callback(runner, _need(runner, "model", "the model runner's model"))
+            return out
+
+        return load_model
+
+    cache_env = os.environ.get("VLLM_DISABLE_COMPILE_CACHE")
+    os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+    for cls, original in originals.items():
+        if original is not None:
+            cls.load_model = wrap(original)
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            if original is not None:
+                cls.load_model = original
+        if cache_env is None:
+            os.environ.pop("VLLM_DISABLE_COMPILE_CACHE", None)
+        else:
+            os.environ["VLLM_DISABLE_COMPILE_CACHE"] = cache_env
 
 
 def model_is_compiled(model: nn.Module) -> bool:

@@ -77,6 +77,7 @@ class Taps:
         self.rows: list[internals.Row] = []
         self.positions: Tensor | None = None
         self.vectors: dict[str, Any] = {}  # per request id: its interventions, as tensors (built once)
+        self.declared: set[str] = set()  # a compiled engine's points, traced in when it was built (`compiled`)
 
     # -- plan ------------------------------------------------------------------------------------------------------
     def set_plan(self, capture: set[str], fns: dict[str, list[Callable]], intervened: set[str]) -> None:
@@ -86,10 +87,14 @@ class Taps:
         if not wanted:
             return
         if internals.model_is_compiled(self.model):
-            raise RuntimeError(
-                "This vLLM engine runs compiled code: torch hooks registered now never fire. Build the engine with "
-                "`enforce_eager=True` to read or edit hook points."
-            )
+            # Compiled code: the declared points' taps are already traced in (`compiled.install`); nothing to hook.
+            undeclared = sorted(wanted - self.declared)
+            if fns or undeclared:
+                raise RuntimeError(
+                    "This vLLM engine runs compiled code: torch hooks registered now never fire. Build the engine "
+                    f"with `enforce_eager=True`, or declare {undeclared} in `compiled_points=` (no Python hooks)."
+                )
+            return
         self.handles.append(self.model.register_forward_pre_hook(self._begin, with_kwargs=True))
         for site in self.sites:
             if not any(p.name in wanted for p in site.points):
@@ -261,6 +266,7 @@ def describe(worker: Any) -> dict[str, Any]:
         "rank": taps.shards.rank,
         "tp": taps.shards.size,
         "compiled": internals.model_is_compiled(taps.model),
+        "declared": sorted(taps.declared),
     }
 
 
