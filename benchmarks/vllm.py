@@ -6,6 +6,8 @@ own HF-path `generate`, in one process, variants interleaved round by round; pri
 
 Variants (all greedy, ``max_new_tokens=--new``, ``--batch`` prompts of 12–40 tokens):
 - vLLM eager / vLLM compiled: ``LLM.generate`` alone (engines with ``enforce_eager=True`` / vLLM's default);
+- compiled bridge: a compiled engine built with ``compiled_points=[the steered point]``, with no interventions and
+  with 16 distinct per-request vectors;
 - bridge, no hooks: `VLLMBridge.generate` on the eager engine;
 - 1 resid capture: a hook that copies ``blocks.{L/2}.hook_resid_post`` of every request at every step;
 - 1 steering vector: ``model.steer(point, add=v)`` for every request;
@@ -71,12 +73,15 @@ def main() -> None:
     if args.backends:
         return compare_backends(path, args, common)
     eager = VLLMBridge.from_pretrained(path, enforce_eager=True, **common)
-    compiled = None if args.no_compiled else VLLMBridge.from_pretrained(path, **common)
+    layer = eager.cfg.n_layers // 2
+    point = f"blocks.{layer}.hook_resid_post"
+    compiled = tapped = None
+    if not args.no_compiled:
+        compiled = VLLMBridge.from_pretrained(path, **common)
+        tapped = VLLMBridge.from_pretrained(path, compiled_points=[point], **common)  # the point traced in
     hf = TransformerBridge(transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
     prompts = prompts_for(eager.cfg.d_vocab, args.batch)
     g = torch.Generator().manual_seed(1)
-    layer = eager.cfg.n_layers // 2
-    point = f"blocks.{layer}.hook_resid_post"
     vectors = [0.5 * torch.randn(eager.cfg.d_model, generator=g) for _ in range(16)]
     per_request = [[Intervention(point, add=vectors[i % 16])] for i in range(args.batch)]
     n_new = args.new
@@ -109,6 +114,16 @@ def main() -> None:
     variants = {
         "vLLM eager": plain(eager),
         **({"vLLM compiled": plain(compiled)} if compiled is not None else {}),
+        **(
+            {
+                "compiled bridge, no interventions": lambda: tapped.generate(prompts, **kw),
+                "compiled bridge, 16 per-request vectors": lambda: tapped.generate(
+                    prompts, interventions=per_request, **kw
+                ),
+            }
+            if tapped is not None
+            else {}
+        ),
         "bridge, no hooks": lambda: eager.generate(prompts, **kw),
         "1 resid capture": with_hooks([point]),
         "1 steering vector": steered,
@@ -121,9 +136,14 @@ def main() -> None:
     }
     times = timed(variants, args.rounds)
     report(times, "vLLM eager", path, args)
+    base = statistics.median(times["vLLM eager"])
     if compiled is not None:
         c = statistics.median(times["vLLM compiled"])
         print(f"vLLM compiled ÷ eager speed: {base / c:.3f}×")
+        sixteen = statistics.median(times["compiled bridge, 16 per-request vectors"])
+        print(f"compiled, 16 per-request vectors ÷ vLLM compiled, tokens/s: {c / sixteen:.3f}× (goal ≥ 0.95×)")
+    capture = statistics.median(times["1 resid capture"])
+    print(f"eager, 1 resid capture ÷ vLLM eager, tokens/s: {base / capture:.3f}× (goal ≥ 0.85×)")
     hf_t = statistics.median(times["HF bridge generate"])
     ours = statistics.median(times["bridge, no hooks"])
     print(f"bridge on vLLM (no hooks) ÷ HF-path generate, tokens/s: {hf_t / ours:.2f}×")
