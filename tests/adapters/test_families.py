@@ -16,6 +16,7 @@ from conftest import ALIAS_CONFIGS, CONFIGS, FAMILIES, HYBRID_CONFIGS, SSM_CONFI
 from transformers import AutoModelForCausalLM
 
 from transformer_bridge import SUPPORTED_MODEL_TYPES, TransformerBridge
+from transformer_bridge.versions import sdpa_drops_softcap
 
 TOKENS = torch.randint(4, V, (2, 8), generator=torch.Generator().manual_seed(11))
 MASK = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]])
@@ -27,8 +28,11 @@ def _bridge(family: str, **config_overrides) -> TransformerBridge:
     config = CONFIGS[family]()
     for key, value in config_overrides.items():
         setattr(config, key, value)
+    # Gemma 2 and VaultGemma soft-cap their attention scores; where HF's sdpa drops the cap (5.19: it loads them on
+    # sdpa; later releases load them eager) the model runs on the kernel that caps, as the oracle does.
+    attn = "eager" if getattr(config, "attn_logit_softcapping", None) and sdpa_drops_softcap() else None
     torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(config).eval()
+    hf = AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
     return perturb_(TransformerBridge(hf, char_tokenizer()), scale=0.3)
 
 

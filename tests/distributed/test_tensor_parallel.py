@@ -1,8 +1,9 @@
 """HF tensor parallelism (``tp_plan="auto"``) on 2 CPU processes over gloo, against one process.
 
 One `torchrun` launch (`tp_worker.py`) runs every check of `tp_checks.py` on four tiny families (Llama:
-GQA, 37 MLP neurons split 19/18; Qwen 3: per-head q/k norms; Gemma 2: soft-capped eager attention,
-sandwich norms, tied embeddings; GPT-NeoX: fused per-head QKV, parallel attention and MLP) and saves
+GQA, 37 MLP neurons split 19/18, or 38 before transformers 5.21, which refuses uneven shards; Qwen 3: per-head
+q/k norms; Gemma 2: soft-capped attention (eager; on sdpa, which drops the cap, where HF loads it so), sandwich
+norms, tied embeddings; GPT-NeoX: fused per-head QKV, parallel attention and MLP) and saves
 each rank's results; the same checks run here in one process on the same
 saved weights. Both ranks must hold the single-process values: logits, the whole cache, every kind of
 point edited, gradients at sharded points, greedy generation (plain, steered, with its cache), one
@@ -21,6 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from transformer_bridge import TransformerBridge
 from transformer_bridge.distributed.tensor_parallel import check_tp_plan
+from transformer_bridge.versions import TP_UNEVEN_SHARDS
 
 pytest.importorskip("accelerate")  # HF's tensor-parallel loading needs it
 if not torch.distributed.is_available():
@@ -38,7 +40,7 @@ PLAIN_SHARDS = "with its shards as plain tensors"  # `check_tensor_parallel`'s r
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, list[dict]]]:
     """``family -> (one-process results, [rank 0 results, rank 1 results])``, and ``"plan"`` for the refused plan."""
     root = tmp_path_factory.mktemp("tp")
-    for family in FAMILIES:
+    for family in [*FAMILIES, "uneven"]:
         save_tiny(family, str(root / family))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
@@ -117,6 +119,13 @@ def test_unsupported_plan_is_refused_on_every_rank(runs) -> None:
     """Loading with a sequence-parallel rule (the residual stream split by position) raises on both ranks."""
     _, ranks = runs["plan"]
     assert [got["refused_sequence_parallel"].item() for got in ranks] == [1] * RANKS
+
+
+def test_uneven_shards_are_refused_where_hf_cannot_run_them(runs) -> None:
+    """37 MLP neurons on 2 ranks: HF's tensor-parallel forward fails on them before transformers 5.21, so the
+    bridge refuses the model there, naming the width (from 5.21 on `FAMILIES` run them, 19 and 18)."""
+    _, ranks = runs["plan"]
+    assert [got["refused_uneven"].item() for got in ranks] == [int(not TP_UNEVEN_SHARDS)] * RANKS
 
 
 @pytest.mark.parametrize(

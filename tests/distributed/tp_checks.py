@@ -9,27 +9,33 @@ import torch
 from torch import Tensor
 
 from transformer_bridge import Branch
+from transformer_bridge.versions import TP_UNEVEN_SHARDS
 
-# (family, config keywords). Distinct sizes; d_mlp 37 does not divide by 2 ranks (shards of 19 and 18). The vocabulary
-# is even: transformers 5.15 all-gathers the LM head's shards only when they are of equal size.
+# (family, config keywords). Distinct sizes; d_mlp 37 does not divide by 2 ranks (shards of 19 and 18) where HF's
+# tensor parallelism runs uneven shards (`TP_UNEVEN_SHARDS`, 5.21 on; before, the bridge refuses them, which the
+# test checks on `UNEVEN`, and the families here have 38). The vocabulary is even: HF gathers the LM head's shards
+# only when they are of equal size before 5.21.
+D_MLP = 37 if TP_UNEVEN_SHARDS else 38
 FAMILIES = {
     "llama": dict(
-        model_type="llama", vocab_size=98, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+        model_type="llama", vocab_size=98, hidden_size=32, intermediate_size=D_MLP, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2,
     ),
     "qwen3": dict(
-        model_type="qwen3", vocab_size=98, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+        model_type="qwen3", vocab_size=98, hidden_size=32, intermediate_size=D_MLP, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8,
     ),
     "gemma2": dict(
-        model_type="gemma2", vocab_size=98, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+        model_type="gemma2", vocab_size=98, hidden_size=32, intermediate_size=D_MLP, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
     ),
     "gpt_neox": dict(
-        model_type="gpt_neox", vocab_size=98, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+        model_type="gpt_neox", vocab_size=98, hidden_size=32, intermediate_size=D_MLP, num_hidden_layers=2,
         num_attention_heads=4, rotary_pct=0.5,
     ),
 }  # fmt: skip
+# Llama with 37 MLP neurons: shards of 19 and 18 on 2 ranks, wrapped where HF runs them, refused before.
+UNEVEN = {**FAMILIES["llama"], "intermediate_size": 37}
 
 RELEVANCE_METHODS = ("attnlrp", "cp_lrp", "grad_x_input", "integrated_gradients", "grad_norm", "attention", "dla",
                      "logit_lens")  # fmt: skip
@@ -40,10 +46,10 @@ MASK = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1]])
 
 
 def save_tiny(family: str, path: str) -> None:
-    """A seeded random tiny model of ``family`` saved as a HF folder."""
+    """A seeded random tiny model of ``family`` (or ``"uneven"``: `UNEVEN`) saved as a HF folder."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    kwargs = dict(FAMILIES[family])
+    kwargs = dict(UNEVEN if family == "uneven" else FAMILIES[family])
     config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)

@@ -11,7 +11,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tp_checks import TOKENS, run_checks, run_local_checks
 
-from transformer_bridge import TransformerBridge
+from transformer_bridge import TransformerBridge, UnsupportedArchitectureError
 from transformer_bridge.versions import TP_PLAN_KEYWORD, tensor_parallel
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # `tp_plan=` is HF's deprecated spelling
@@ -37,7 +37,15 @@ def main(root: str, out_dir: str, families: list[str]) -> None:
         TransformerBridge.from_pretrained(os.path.join(root, families[0]), dtype=torch.float32, **how)
     except NotImplementedError as e:
         refused = torch.tensor(int("sequence_parallel" in str(e)))
-    torch.save({"refused_sequence_parallel": refused}, os.path.join(out_dir, f"plan.rank{dist.get_rank()}.pt"))
+    # A width the ranks do not divide: refused where HF's forward cannot run it (before 5.21), wrapped from there on.
+    refused_uneven = torch.tensor(0)
+    try:
+        how = tensor_parallel(int(os.environ["WORLD_SIZE"]))
+        TransformerBridge.from_pretrained(os.path.join(root, "uneven"), dtype=torch.float32, **how)
+    except UnsupportedArchitectureError as e:
+        refused_uneven = torch.tensor(int("widths the ranks do not divide" in str(e) and "mlp.gate_proj" in str(e)))
+    torch.save({"refused_sequence_parallel": refused, "refused_uneven": refused_uneven},
+               os.path.join(out_dir, f"plan.rank{dist.get_rank()}.pt"))  # fmt: skip
     dist.destroy_process_group()
 
 

@@ -3,10 +3,10 @@
 import pytest
 import torch
 from _clean import assert_clean
-from conftest import V, make_bridge
-from transformers import TextStreamer
+from conftest import SSM_CONFIGS, V, char_tokenizer, make_bridge
+from transformers import AutoModelForCausalLM, TextStreamer
 
-from transformer_bridge import Branch, UnknownHookError
+from transformer_bridge import Branch, TransformerBridge, UnknownHookError
 from transformer_bridge.generation import ControllerError
 
 
@@ -129,9 +129,7 @@ def test_endless_backtracking_stops_at_max_steps(model):
 
 
 def test_a_state_space_model_refuses_a_controller():
-    from test_ssm import make_mamba
-
-    mamba = make_mamba()
+    mamba = TransformerBridge(AutoModelForCausalLM.from_config(SSM_CONFIGS["mamba"]()).eval(), char_tokenizer())
     with pytest.raises(ValueError, match=r"`controller` cannot drive a state-space model \(mamba\)"):
         mamba.generate("Hello", max_new_tokens=3, controller=lambda v: None)
     with pytest.raises(ValueError, match="state-space model"):

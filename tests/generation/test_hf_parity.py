@@ -12,8 +12,15 @@ import warnings
 import pytest
 import torch
 from conftest import V, char_tokenizer, make_bridge
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, SequenceBiasLogitsProcessor
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+)
 
+from transformer_bridge import versions
 from transformer_bridge.generation import generate, generate_stream, options, resolve
 
 PROMPTS = ["Hello world, this is", "Hi", "The cat sat"]
@@ -222,12 +229,29 @@ def test_unsupported_config_fields_raise_for_the_callers_config_and_warn_for_the
 
 
 # -- HF-shaped outputs -----------------------------------------------------------------------------
+class RowRepetitionPenalty(LogitsProcessor):
+    """HF's repetition penalty over each row's tokens after its left padding: what HF's generate runs from 5.23 on
+    (`versions.HF_REPETITION_PENALTY_SKIPS_PADDING`), built from HF's own processor for the releases before."""
+
+    def __init__(self, penalty: float, mask: torch.Tensor):
+        self.penalty, self.first_real = RepetitionPenaltyLogitsProcessor(penalty), (mask != 0).int().argmax(dim=1)
+
+    def __call__(self, input_ids, scores):
+        rows = zip(input_ids, scores, self.first_real.tolist(), strict=True)
+        return torch.cat([self.penalty(ids[None, first:], row[None]) for ids, row, first in rows])
+
+
 def test_return_dict_in_generate_scores_and_logits_equal_hf_greedy(model):
     enc = left_tokenizer()(PROMPTS, return_tensors="pt", padding=True)
     kw = dict(max_new_tokens=6, return_dict_in_generate=True, output_scores=True, output_logits=True,
               repetition_penalty=1.3)  # fmt: skip
     ours = model.generate(**enc, **kw)
-    theirs = hf(model, enc["input_ids"], enc["attention_mask"], **kw)
+    if versions.HF_REPETITION_PENALTY_SKIPS_PADDING:
+        theirs = hf(model, enc["input_ids"], enc["attention_mask"], **kw)
+    else:  # HF's own penalty counted the pad token of padded rows: the bridge never counts padding
+        processors = LogitsProcessorList([RowRepetitionPenalty(1.3, enc["attention_mask"])])
+        theirs = hf(model, enc["input_ids"], enc["attention_mask"], **{**kw, "repetition_penalty": None},
+                    logits_processor=processors)  # fmt: skip
     assert torch.equal(ours.sequences, theirs.sequences)
     assert len(ours.scores) == len(theirs.scores) == len(ours.logits) == ours.new_tokens.shape[1]
     for step, (s, t, lo, lt) in enumerate(zip(ours.scores, theirs.scores, ours.logits, theirs.logits, strict=True)):

@@ -19,9 +19,10 @@ GRANITEMOE = replace(
     transformers=">=5.21",
 )
 
-# Before 5.21 HF's router returned the same three tensors in the other order: (index, weights, logits).
+# Before 5.21 HF's router returned the same three tensors in the other order: (index, weights, logits). Measured from
+# 5.15 (the router module is there from 5.13; 5.10 and before route inside the MoE block).
 GRANITEMOE_BEFORE_5_21 = replace(
     GRANITEMOE,
     moe=replace(GRANITEMOE.moe, router_output=("indices", "weights", "logits")),
-    transformers="<5.21",
+    transformers=">=5.15,<5.21",
 )

@@ -46,8 +46,8 @@ JAMBA = replace(
                selection_norms=True),
 )  # fmt: skip
 
-# Before 5.21 the router was a bare linear map and the MoE block routed its logits itself.
-JAMBA_BEFORE_5_21 = replace(JAMBA, moe=replace(JAMBA.moe, router_output=LINEAR_ROUTER), transformers="<5.21")
+# Before 5.21 the router was a bare linear map and the MoE block routed its logits itself (measured from 5.15).
+JAMBA_BEFORE_5_21 = replace(JAMBA, moe=replace(JAMBA.moe, router_output=LINEAR_ROUTER), transformers=">=5.15,<5.21")
 
 LFM2 = replace(
     LLAMA,

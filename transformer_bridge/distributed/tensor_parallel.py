@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from ..adapters import UnsupportedArchitectureError
 from ..hooks.points import HookPoint, HookRegistry
-from ..versions import installed
+from ..versions import TP_UNEVEN_SHARDS, installed
 
 __all__ = ["SHARDED_AXES", "SUPPORTED_STYLES", "ShardSpec", "attach_shard_specs", "check_tensor_parallel",
            "check_tp_plan", "local_shards", "o_proj_weight", "sum_over_ranks", "tp_mesh"]  # fmt: skip
@@ -150,7 +150,8 @@ def tp_mesh(model: nn.Module) -> DeviceMesh | None:
 def check_tensor_parallel(model: nn.Module) -> None:
     """Refuse a tensor-parallel model whose shards are plain tensors (transformers 5.15 shards that way; later
     releases make them `DTensor`\\ s, which say which axis is split and over which ranks): the bridge would read a
-    shard's shape as the whole weight's (half the vocabulary on two ranks).
+    shard's shape as the whole weight's (half the vocabulary on two ranks). Before transformers 5.21 also refuse
+    one with a width its ranks do not divide, which HF's own forward fails on there (`versions.TP_UNEVEN_SHARDS`).
 
     Example:
         >>> check_tensor_parallel(torch.nn.Linear(2, 2))  # not tensor-parallel: nothing to check
@@ -158,9 +159,30 @@ def check_tensor_parallel(model: nn.Module) -> None:
     if (getattr(model, "tp_size", None) or 1) > 1 and tp_mesh(model) is None:
         raise UnsupportedArchitectureError(
             f"{type(model).__name__} is tensor-parallel (tp_size={model.tp_size}) with its shards as plain tensors, "
-            f"as {installed()} loads it; the bridge reads shards from DTensors (transformers 5.23 and 5.24 make "
+            f"as {installed()} loads it; the bridge reads shards from DTensors (the releases it is tested on make "
             "them). Install a newer transformers, or load the model without tensor parallelism."
         )
+    uneven = [] if TP_UNEVEN_SHARDS else _uneven_shards(model)
+    if uneven:
+        raise UnsupportedArchitectureError(
+            f"{type(model).__name__} is tensor-parallel (tp_size={model.tp_size}) with widths the ranks do not divide "
+            f"({', '.join(uneven[:3])}); HF's tensor-parallel forward on {installed()} fails on such shards (from "
+            "transformers 5.21 on it runs them). Install transformers>=5.21, or load with a `tp_size` that divides "
+            "every sharded width."
+        )
+
+
+def _uneven_shards(model: nn.Module) -> list[str]:
+    """``"name: width over N ranks"`` for each parameter split along an axis its ranks do not divide evenly."""
+    found = []
+    for name, p in model.named_parameters():
+        if not isinstance(p, DTensor):
+            continue
+        for mesh_dim, placement in enumerate(p.placements):
+            ranks = p.device_mesh.size(mesh_dim)
+            if isinstance(placement, Shard) and p.shape[placement.dim] % ranks:
+                found.append(f"{name}: {p.shape[placement.dim]} over {ranks} ranks")
+    return found
 
 
 def attach_shard_specs(points: dict[str, HookPoint], mesh: DeviceMesh, sizes: object) -> None:
