@@ -232,7 +232,8 @@ class FactoredMatrix:
         return out
 
     def __repr__(self) -> str:
-        return f"FactoredMatrix(shape={tuple(self.shape)}, mdim={self.mdim})"
+        # TransformerLens' printout, which its demos print (`print(model.OV)`)
+        return f"FactoredMatrix: Shape({self.shape}), Hidden Dim({self.mdim})"
 
 
 def _axes(item: Any) -> int:
