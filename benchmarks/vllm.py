@@ -69,7 +69,10 @@ def main() -> None:
         from transformer_bridge.real_model import smollm2_path
 
         path = str(smollm2_path())
-    common = dict(dtype="float32", max_model_len=512, seed=0, skip_tokenizer_init=True)
+    # Prefix caching off: each round repeats the same prompts, which a plain engine would then serve from its prefix
+    # cache while a steered or captured request (own KV, by design) computes its prefill; every variant computes its
+    # prefill, as a stream of new requests does.
+    common = dict(dtype="float32", max_model_len=512, seed=0, skip_tokenizer_init=True, enable_prefix_caching=False)
     if args.backends:
         return compare_backends(path, args, common)
     eager = VLLMBridge.from_pretrained(path, enforce_eager=True, **common)
