@@ -5,7 +5,7 @@ the HF bridge's references are all taken first, then the engines are built."""
 
 import pytest
 import torch
-from test_parity import TOKENS, max_diffs
+from test_parity import TOKENS, assert_every_point_equals, references
 
 pytest.importorskip("vllm.entrypoints.llm")  # skipped without vLLM (the [vllm] extra)
 
@@ -13,24 +13,19 @@ CASES = [("olmo2", {}), ("llama", {"model_impl": "transformers"})]  # OLMo 2: vL
 
 
 @pytest.fixture(scope="module")
-def references(oracle):
+def taken(oracle):
     """Per family, per row of TOKENS: the HF bridge's logits and full cache, taken before any engine exists."""
-    return {family: [oracle(family).run_with_cache(torch.tensor([row])) for row in TOKENS] for family, _ in CASES}
+    return {family: references(oracle(family)) for family, _ in CASES}
 
 
 @pytest.mark.parametrize(("family", "engine_kwargs"), CASES)
-def test_every_point_equals_hf(family, engine_kwargs, references, engine):
+def test_every_point_equals_hf(family, engine_kwargs, taken, engine):
     model = engine(family, **engine_kwargs)
     assert model.cfg.architecture == "TransformersForCausalLM"
-    logits, caches = model.run_with_cache(TOKENS)
-    for (ref_logits, ref_cache), lg, cache in zip(references[family], logits, caches, strict=True):
-        assert (lg - ref_logits).abs().max() < 1e-5
-        diffs = max_diffs(cache, ref_cache)
-        worst = max(diffs, key=diffs.get)
-        assert diffs[worst] < 1e-5, (worst, diffs[worst])
+    assert_every_point_equals(model, taken[family])
 
 
-def test_edits_and_read_only_points(references, engine):
+def test_edits_and_read_only_points(taken, engine):
     """On the post-norm OLMo 2: an edit of ``hook_attn_out`` is what the layer adds (zeroed, the residual after the
     block is the one before it plus the MLP's output), an edit of the rotated keys reaches vLLM's attention (zero keys
     give a uniform pattern and other logits), and the residual between the sublayers, which HF's layer adds in

@@ -5,7 +5,7 @@ run inside vLLM's fused kernel, so their points are listed as fused and raise.""
 
 import pytest
 import torch
-from test_parity import TOKENS, max_diffs
+from test_parity import TOKENS, assert_every_point_equals, references
 
 pytest.importorskip("vllm.entrypoints.llm")  # skipped without vLLM (the [vllm] extra)
 
@@ -14,15 +14,9 @@ from transformer_bridge.vllm import FusedPointError
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_every_point_equals_hf(family, engine, oracle):
-    model, ref = engine(family), oracle(family)
+    model = engine(family)
     assert "blocks.1.mlp.hook_expert_result" in model.names.fused
-    logits, caches = model.run_with_cache(TOKENS)
-    for row, lg, cache in zip(TOKENS, logits, caches, strict=True):
-        ref_logits, ref_cache = ref.run_with_cache(torch.tensor([row]))
-        assert (lg - ref_logits).abs().max() < 1e-5
-        diffs = max_diffs(cache, ref_cache, model.names.fused)
-        worst = max(diffs, key=diffs.get)
-        assert diffs[worst] < 1e-5, (worst, diffs[worst])
+    assert_every_point_equals(model, references(oracle(family)))
 
 
 def test_router_edit_reroutes_as_in_hf(engine, oracle):

@@ -38,17 +38,25 @@ def max_diffs(cache, ref, fused=()):
     return out
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_every_point_equals_hf(family, engine, oracle):
-    model, ref = engine(family), oracle(family)
-    logits, caches = model.run_with_cache(TOKENS)  # ragged: one cache per request, in one engine call
+def assert_every_point_equals(model, references):
+    """``model.run_with_cache(TOKENS)`` (ragged: one cache per request, in one engine call) against ``references``,
+    the HF bridge's ``(logits, cache)`` of each row alone."""
+    logits, caches = model.run_with_cache(TOKENS)
     assert len(caches) == len(TOKENS)
-    for row, lg, cache in zip(TOKENS, logits, caches, strict=True):
-        ref_logits, ref_cache = ref.run_with_cache(torch.tensor([row]))
+    for (ref_logits, ref_cache), lg, cache in zip(references, logits, caches, strict=True):
         assert (lg - ref_logits).abs().max() < 1e-5
         diffs = max_diffs(cache, ref_cache, model.names.fused)
         worst = max(diffs, key=diffs.get)
         assert diffs[worst] < 1e-5, (worst, diffs[worst])
+
+
+def references(bridge):
+    return [bridge.run_with_cache(torch.tensor([row])) for row in TOKENS]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_point_equals_hf(family, engine, oracle):
+    assert_every_point_equals(engine(family), references(oracle(family)))
 
 
 def test_same_length_requests_stack(engine, oracle):
