@@ -10,8 +10,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .. import ActivationCache
-from . import internals, worker
+from . import compiled, internals, worker
 from .engine import Finished, Request, run_requests
+from .harvest import HarvestModel
 from .interventions import Intervention, encode_all
 from .naming import RECOMPUTED, NameFilter, ServedNames, needed_for
 from .options import sampling_fields
@@ -110,14 +111,10 @@ class VLLMBridge:
             return cls(LLM(model=str(path), **engine_kwargs))
         if engine_kwargs.get("enforce_eager"):
             raise ValueError("`compiled_points` declares points for a compiled engine; drop `enforce_eager=True`.")
-        from . import compiled
-
         with internals.on_model_load(lambda runner, model: compiled.install(runner, model, compiled_points)):
             return cls(LLM(model=str(path), **engine_kwargs))
 
-    def _harvest_model(self) -> Any:  # read by `harvest`: this engine as the loop's runner
-        from .harvest import HarvestModel
-
+    def _harvest_model(self) -> HarvestModel:  # read by `harvest`: this engine as the loop's runner
         return HarvestModel(self)
 
     def _points_off(self) -> dict[str, str]:  # read by ActivationCache: names it reports as not served, not unknown

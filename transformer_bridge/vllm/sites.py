@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..sites.moe import route
 from . import internals
 from .internals import Family
 
@@ -272,8 +273,6 @@ def _router_site(router: nn.Module, routing: str, config: Any, b: str) -> Site:
     """``hook_router_logits`` (the router's output: an edit re-routes, since vLLM's expert kernel routes from it) and
     ``hook_expert_weights`` (dense ``[tokens, expert]``, 0 for experts a token does not use), recomputed from the
     logits by the HF bridge's rule (`sites.moe.route`) for caching."""
-    from ..sites.moe import route
-
     rule = SimpleNamespace(
         top_k=int(_need_config(config, "num_experts_per_tok")), norm_topk_prob=getattr(config, "norm_topk_prob", True)
     )
@@ -331,8 +330,18 @@ def _put_hidden(x: Any, new: Tensor, rows: Tensor) -> Any:
     return _with_arg(x, 1, "hidden_states", torch.where(_rows(rows, new), new, _arg(1, "hidden_states")(x)))
 
 
-def model_sites(model: nn.Module, fam: Family, n_layers: int, sh: Shards) -> list[Site]:
-    """Every site of the model, in the order the forward reaches them."""
+def model_sites(
+    model: nn.Module,
+    fam: Family,
+    n_layers: int,
+    sh: Shards,
+    layers: Callable[[nn.Module, Family, int, Shards], list[Site]] | None = None,
+    outer: Callable[[Site], Site] = lambda site: site,
+) -> list[Site]:
+    """Every site of the model, in the order the forward reaches them: the blocks' from ``layers`` (default
+    `layer_sites`; `hf_sites.hf_layer_sites` for vLLM's Transformers backend), the embedding's and the final norm's
+    through ``outer`` (`hf_sites.batched` there, whose modules see a batch of one)."""
+    layers = layer_sites if layers is None else layers
     embed = internals.submodule(model, fam.embed, "the token embedding")
     norm = internals.submodule(model, fam.final_norm, "the final norm")
     logits = internals.unembed_logits(model)
@@ -358,9 +367,5 @@ def model_sites(model: nn.Module, fam: Family, n_layers: int, sh: Shards) -> lis
         ),
     ]
     tokens = Site(model, "pre", [Point("hook_tokens", _arg(0, "input_ids"), None)])
-    if fam.classes == (internals.TRANSFORMERS_BACKEND,):  # HF's own layers, on a batch of one ([1, tokens, ...])
-        from .hf_sites import batched, hf_layer_sites
-
-        layers = [site for i in range(n_layers) for site in hf_layer_sites(model, fam, i, sh)]
-        return [tokens, batched(embed_site), *layers, *map(batched, final)]
-    return [tokens, embed_site, *(site for i in range(n_layers) for site in layer_sites(model, fam, i, sh)), *final]
+    blocks = [site for i in range(n_layers) for site in layers(model, fam, i, sh)]
+    return [tokens, outer(embed_site), *blocks, *map(outer, final)]

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from . import internals
+from .hf_sites import batched, hf_layer_sites
 from .interventions import apply_interventions
 from .sites import Shards, Site, model_sites
 
@@ -67,7 +68,12 @@ class Taps:
         rank, size = internals.tp_rank_size()
         self.shards = Shards(rank, size)
         self.n_layers = len(internals.submodule(model, self.fam.layers, "the decoder layers"))
-        self.sites: list[Site] = model_sites(model, self.fam, self.n_layers, self.shards)
+        backend = self.fam.classes == (internals.TRANSFORMERS_BACKEND,)  # HF's own layers, on a batch of one
+        self.sites: list[Site] = (
+            model_sites(model, self.fam, self.n_layers, self.shards, hf_layer_sites, batched)
+            if backend
+            else model_sites(model, self.fam, self.n_layers, self.shards)
+        )
         self.points = {p.name: (s, p) for s in self.sites for p in s.points}
         self.handles: list[Any] = []
         self.capture: set[str] = set()
