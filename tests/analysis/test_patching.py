@@ -123,6 +123,40 @@ def test_every_family_resid_pre_and_head_outputs_equal_the_serial_loop(family):
         torch.testing.assert_close(fn(model, CORRUPTED, cache, metric).cpu(), want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize(
+    ("family", "attn"),
+    [(f, a) for f in ("llama", "gpt2", "qwen3", "gptj", "mixtral") for a in ("sdpa", "eager")] + [("gemma2", "eager")],
+)  # HF refuses Gemma 2's soft-cap under SDPA
+def test_padded_batches_and_materialised_masks_equal_the_serial_loop(family, attn):
+    """A padded corrupted batch of two, under SDPA and eager attention (both materialise a per-row mask): the copies
+    that start at the patched block get every later block's mask and position embeddings repeated too (the mask
+    was once repeated for the first patched block only, a shape error), and every number equals the serial loop
+    and the run without reuse."""
+    hf = make_hf(family)
+    hf.config._attn_implementation = attn
+    model = TransformerBridge(hf, char_tokenizer())
+    clean = torch.tensor([[1, 15, 16, 17, 18, 19], [1, 25, 26, 27, 28, 29]])
+    corrupted = torch.tensor([[1, 15, 26, 17, 18, 19], [1, 25, 16, 27, 28, 29]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    _, cache = model.run_with_cache(clean, attention_mask=mask)
+
+    def batch_metric(logits):
+        return logits[0, -1, 15] - logits[1, 3, 26]
+
+    want = torch.zeros(model.cfg.n_layers, 6)
+    for layer, pos in itertools.product(range(model.cfg.n_layers), range(6)):
+        name = f"blocks.{layer}.hook_resid_pre"
+        hook = partial(lambda x, hook, index, clean: patching.layer_pos_patch_setter(x, index, clean),
+                       index=[layer, pos], clean=cache[name])  # fmt: skip
+        want[layer, pos] = batch_metric(model.run_with_hooks(corrupted, attention_mask=mask, fwd_hooks=[(name, hook)]))
+    fast = patching.get_act_patch_resid_pre(model, corrupted, cache, batch_metric, attention_mask=mask)
+    slow = patching.get_act_patch_resid_pre(model, corrupted, cache, batch_metric, attention_mask=mask,
+                                            reuse_corrupted=False)  # fmt: skip
+    torch.testing.assert_close(fast.cpu(), want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(slow.cpu(), want, atol=1e-5, rtol=0)
+    assert want.abs().max() > 0
+
+
 def test_pattern_dest_src_and_every_helpers_equal_the_serial_loop():
     model = make_bridge("llama")
     clean, corrupted = CLEAN[:, :4], CORRUPTED[:, :4]

@@ -12,7 +12,7 @@ baseline rides along in the first forward as one more copy. The serial loop is t
 
 import contextlib
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, overload
 
 import torch
@@ -164,7 +164,7 @@ def generic_activation_patch(
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.no_grad())
             if skip:
-                stack.enter_context(_copies_from(blocks[start], len(cells), batch))
+                stack.enter_context(_copies_from(blocks[start:], len(cells), batch))
             stack.enter_context(model.hooks(fwd_hooks=hooks))
             # Two positions, not one: a one-row product takes another kernel (a different summation order).
             logits = model.forward_tokens(tokens.repeat(copies, 1), mask.repeat(copies, 1),
@@ -239,7 +239,7 @@ def _batch_may_grow(model: BridgeCore, tokens: Tensor, mask: Tensor, logits: Ten
     if known is None:
         last = get_module(model.hf_model, model.adapter.blocks)[model.cfg.n_layers - 1]
         try:
-            with torch.no_grad(), _copies_from(last, 2, tokens.shape[0]):
+            with torch.no_grad(), _copies_from([last], 2, tokens.shape[0]):
                 twice = model.forward_tokens(tokens, mask)
             known = twice.shape[0] == 2 * logits.shape[0] and bool(
                 torch.allclose(twice, logits.repeat(2, *([1] * (logits.dim() - 1))), atol=1e-4, rtol=1e-4)
@@ -251,9 +251,11 @@ def _batch_may_grow(model: BridgeCore, tokens: Tensor, mask: Tensor, logits: Ten
 
 
 @contextlib.contextmanager
-def _copies_from(block: torch.nn.Module, copies: int, batch: int) -> Iterator[None]:
-    """Repeat the input of ``block`` (and every tensor argument with the batch on axis 0) ``copies`` times along
-    the batch: the blocks below ran once on the corrupted batch, identical for every copy."""
+def _copies_from(blocks: Iterable[torch.nn.Module], copies: int, batch: int) -> Iterator[None]:
+    """Repeat the input of the first of ``blocks`` (and every tensor argument with the batch on axis 0) ``copies``
+    times along the batch: the blocks below ran once on the corrupted batch, identical for every copy. The later
+    blocks get the model's per-batch arguments (a materialised attention mask, per-row position embeddings)
+    repeated likewise; their hidden states already hold the copies."""
 
     def repeat(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         def grow(x: Any) -> Any:
@@ -265,11 +267,12 @@ def _copies_from(block: torch.nn.Module, copies: int, batch: int) -> Iterator[No
 
         return tuple(grow(a) for a in args), {k: grow(v) for k, v in kwargs.items()}
 
-    handle = block.register_forward_pre_hook(repeat, with_kwargs=True, prepend=True)
+    handles = [block.register_forward_pre_hook(repeat, with_kwargs=True, prepend=True) for block in blocks]
     try:
         yield
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
 
 
 def _reads_last_position_only(metrics: dict[str, MetricFn], logits: Tensor) -> bool:
