@@ -5,6 +5,10 @@ torch and transformers then), so that ``python -m transformer_bridge --help`` an
 """
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
 from typing import Any
 
 # name -> (module, attribute; None: the module itself)
@@ -45,6 +49,49 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     "StaleCompiledHooksError": (".sites.checks", "StaleCompiledHooksError"),
     "TransformerLensDifferenceWarning": (".checks", "TransformerLensDifferenceWarning"),
 }
+
+
+# TransformerLens' upper-case module paths (``from transformer_lens.HookedRootModule import HookedRootModule``), each
+# the module here that defines the name: imported on first use like the names above.
+_MODULE_PATHS: dict[str, str] = {
+    "ActivationCache": ".cache.activation_cache",
+    "FactoredMatrix": ".compat.factored",
+    "HookedRootModule": ".compat.hooked_root",
+    "HookedTransformer": ".hooked_transformer",
+}
+
+
+class _ModulePaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``transformer_bridge.<upper-case TL module>`` as the module here that defines that name."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        """A spec for one of `_MODULE_PATHS` under this package; None for every other name."""
+        package, _, child = fullname.rpartition(".")
+        if package != __name__ or child not in _MODULE_PATHS:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        """The defining module itself (its own ``__name__`` and ``__spec__`` kept)."""
+        return importlib.import_module(_MODULE_PATHS[spec.name.rpartition(".")[2]], __name__)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        """Nothing: the defining module ran when it was imported."""
+
+
+class _Package(types.ModuleType):
+    """This package's module type: importing an upper-case module path leaves the package's attribute of that name
+    the class, as in TransformerLens (``transformer_bridge.HookedRootModule`` is the class, not the module)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _MODULE_PATHS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+if not any(isinstance(f, _ModulePaths) for f in sys.meta_path):
+    sys.meta_path.append(_ModulePaths())
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

@@ -15,7 +15,6 @@ from typing import Any
 from .bridge import TransformerBridge
 
 # Any of these given: the caller chose how to decode, and TransformerLens' defaults stay out.
-_SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "freq_penalty")
 
 __all__ = ["HookedTransformer"]
 
@@ -57,7 +56,10 @@ class HookedTransformer(TransformerBridge):
 
     @functools.wraps(TransformerBridge.generate)
     def generate(self, *args: Any, **kwargs: Any) -> Any:
-        if not any(k in kwargs for k in _SAMPLING):
+        # TransformerLens' defaults, each where the call does not set it: sampling over the whole distribution
+        # (top_k / top_p off, temperature 1), also when only some sampling arguments are given (`temperature=0.7`
+        # must not bring in HF's top-k of 50). Greedy decoding and a caller's generation config are left alone.
+        if kwargs.get("do_sample") is not False and kwargs.get("generation_config") is None:
             kwargs = {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": 1.0, **kwargs}
         return super().generate(*args, **kwargs)
 

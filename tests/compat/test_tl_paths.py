@@ -29,6 +29,38 @@ def test_tl_import_paths():
     assert isinstance(entry, LensHandle) and torch.equal(point(torch.ones(2)), torch.full((2,), 2.0))
 
 
+def test_tl_upper_case_module_paths_run_in_a_fresh_interpreter():
+    """TransformerLens' upper-case module paths (Main_Demo: ``from transformer_lens.HookedRootModule import
+    HookedRootModule``) with ``transformer_lens`` replaced in the text: each names the module here that defines the
+    class, and afterwards the package attribute is still the class, as in TransformerLens. In a fresh interpreter,
+    so that no earlier import has loaded the modules."""
+    import subprocess
+    import sys
+
+    script = """
+import transformer_bridge
+from transformer_bridge.HookedRootModule import HookedRootModule
+from transformer_bridge.FactoredMatrix import FactoredMatrix
+from transformer_bridge.ActivationCache import ActivationCache
+from transformer_bridge.HookedTransformer import HookedTransformer
+import transformer_bridge.HookedRootModule
+from transformer_bridge import compat, hooked_transformer
+from transformer_bridge.cache import activation_cache
+assert HookedRootModule is transformer_bridge.HookedRootModule is compat.HookedRootModule
+assert FactoredMatrix is transformer_bridge.FactoredMatrix and ActivationCache is activation_cache.ActivationCache
+assert HookedTransformer is transformer_bridge.HookedTransformer is hooked_transformer.HookedTransformer
+try:
+    import transformer_bridge.SVDInterpreter
+except ModuleNotFoundError as e:
+    assert "transformer_bridge.SVDInterpreter" in str(e)
+else:
+    raise AssertionError("a TransformerLens module that has no counterpart here must not import")
+print("ok")
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
 def test_hooked_transformer_processes_as_tl(tmp_path):
     make_hf("gpt2").save_pretrained(tmp_path)
     char_tokenizer().save_pretrained(tmp_path)

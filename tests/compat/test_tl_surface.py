@@ -144,6 +144,18 @@ def test_get_params_names_and_values(model):
             assert all(torch.equal(expanded[h], kv[h // group]) for h in range(model.cfg.n_heads))
         for name in ("W_in", "W_out", "b_out"):
             assert torch.equal(params[f"blocks.{layer}.mlp.{name}"], getattr(model.blocks[layer].mlp, name))
+        for norm in ("ln1", "ln2"):  # the norms' weights, as the components give them
+            if hasattr(model.blocks[layer], norm):
+                assert params[f"blocks.{layer}.{norm}.w"] is getattr(model.blocks[layer], norm).w
+    assert params["ln_final.w"] is model.ln_final.w
+    # TransformerLens 4's order: a block's attention, its MLP (W_in, W_out, b_in, b_out, W_gate), its norms; then
+    # ln_final and the unembedding.
+    block0 = [k.removeprefix("blocks.0.") for k in params if k.startswith("blocks.0.")]
+    assert block0[:8] == [f"attn.{n}" for n in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")]
+    mlp = [k for k in block0 if k.startswith("mlp.")]
+    assert mlp == [f"mlp.{n}" for n in ("W_in", "W_out", "b_in", "b_out", "W_gate")][: len(mlp)]
+    tail = ["ln_final.w", *(["ln_final.b"] if model.ln_final.b is not None else []), "unembed.W_U", "unembed.b_U"]
+    assert block0[-1].startswith(("ln1.", "ln2.")) and list(params)[-len(tail) :] == tail
     assert ("pos_embed.W_pos" in params) == (model.cfg.positional_embedding_type == "standard")
     assert all(isinstance(v, torch.Tensor) for v in params.values())  # no None for a weight the family lacks
     # TransformerLens checks cfg.n_layers against the blocks in get_params; here cfg.n_layers cannot drift.
@@ -205,6 +217,40 @@ def test_tl4_spellings_name_the_same_points(model):
     seen = []
     model.run_with_hooks(TOKENS, fwd_hooks=[("embed.hook_out", lambda x, hook: seen.append(hook.name))])
     assert seen == ["hook_embed"]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2", "olmo2"])
+def test_tl4_spellings_that_depend_on_the_family(family):
+    """TransformerLens 4 spells a gated MLP's up projection ``mlp.in`` (``hook_pre_linear``; its ``gate`` is
+    ``hook_pre``), an ungated MLP's ``mlp.in`` ``hook_pre``; a sublayer's output ``attn.hook_out`` / ``attn.o.hook_out``
+    is ``hook_attn_out`` only where no post-norm follows (Gemma 2, OLMo 2: TransformerLens 4's attn.hook_out is
+    before ln1_post, where this bridge has no point, so the spelling is unknown, never the post-norm tensor)."""
+    model = make_bridge(family)
+    _, cache = model.run_with_cache(TOKENS)
+    gated = "blocks.0.mlp.hook_pre_linear" in model.hook_dict
+    post_normed = "blocks.0.ln1_post.hook_normalized" in model.hook_dict
+    assert gated == (family != "gpt2") and post_normed == (family in ("gemma2", "olmo2"))
+    expected = {"blocks.0.mlp.in.hook_out": "blocks.0.mlp.hook_pre_linear" if gated else "blocks.0.mlp.hook_pre",
+                "blocks.0.mlp.gate.hook_out": "blocks.0.mlp.hook_pre" if gated else None,
+                "blocks.0.attn.hook_out": None if post_normed else "blocks.0.hook_attn_out",
+                "blocks.0.attn.o.hook_out": None if post_normed else "blocks.0.hook_attn_out",
+                "blocks.0.mlp.hook_out": None if post_normed else "blocks.0.hook_mlp_out",
+                "blocks.0.mlp.out.hook_out": None if post_normed else "blocks.0.hook_mlp_out"}  # fmt: skip
+    for tl4, canonical in expected.items():
+        if canonical is None:
+            assert tl4 not in cache, tl4
+            with pytest.raises(KeyError, match="Unknown hook point"):
+                model.run_with_hooks(TOKENS, fwd_hooks=[(tl4, lambda x, hook: None)])
+            with pytest.raises(KeyError):
+                cache[tl4]
+        else:
+            assert cache[tl4] is cache[canonical], tl4
+            seen = []
+            model.run_with_hooks(TOKENS, fwd_hooks=[(tl4, lambda x, hook, seen=seen: seen.append(hook.name))])
+            assert seen == [canonical], tl4
+    held, fwd, _ = model.get_caching_hooks(names_filter=["blocks.0.mlp.hook_pre", "blocks.0.hook_attn_out"])
+    model.run_with_hooks(TOKENS, fwd_hooks=fwd)  # TransformerLens' dict of the caching hooks reads the same way
+    assert ("blocks.0.mlp.gate.hook_out" in held) == gated and ("blocks.0.attn.hook_out" in held) != post_normed
 
 
 def test_dotted_paths_reach_hook_points(model):

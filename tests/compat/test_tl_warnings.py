@@ -69,20 +69,44 @@ def test_greedy_default_warns_once_and_only_where_tl_would_sample():
     assert again == []
     # Said by the caller in a keyword or a config, beam search, or a model whose config samples: no warning.
     for kwargs in ({"do_sample": False}, {"generation_config": GenerationConfig(do_sample=False)}, {"num_beams": 2},
-                   {"temperature": 0.7}):  # fmt: skip
+                   {"temperature": 0.7, "top_k": 0}):  # fmt: skip
         fresh = make_bridge("llama")
         _, said = _caught(lambda fresh=fresh, kwargs=kwargs: fresh.generate(PROMPT, max_new_tokens=4, **kwargs))
         assert said == [], kwargs
     sampling = make_bridge("llama")
     sampling.hf_model.generation_config.do_sample = True
     _, said = _caught(lambda: sampling.generate(PROMPT, max_new_tokens=4))
-    assert said == []
+    assert ["greedily" in str(w.message) for w in said] == [False]  # only the config's top-k is said (below)
     # HookedTransformer samples by default, as TransformerLens: nothing to warn about; and the greedy tokens are
     # the ones `do_sample=False` gives.
     hooked = transformer_bridge.HookedTransformer(make_bridge("llama").hf_model)
     _, said = _caught(lambda: hooked.generate(PROMPT, max_new_tokens=4))
     assert said == []
     assert torch.equal(greedy, bridge.generate(PROMPT, max_new_tokens=4, do_sample=False))
+
+
+def test_sampling_from_the_configs_top_k_warns_once_where_tl_samples_the_whole_distribution():
+    """HF's generation config samples from the top 50 tokens unless told otherwise; TransformerLens from all of
+    them. Sampling without `top_k` warns once per model; `top_k` given (0: every token) is silent."""
+    bridge = make_bridge("llama")
+    prompt = PROMPT.repeat(400, 1)
+    sampled, said = _caught(lambda: bridge.generate(prompt, max_new_tokens=1, temperature=5.0))
+    assert len(said) == 1 and "top_k=0" in str(said[0].message) and "50 most likely" in str(said[0].message)
+    assert said[0].filename == __file__
+    assert sampled[:, -1].unique().numel() <= 50  # what the warning says: HF's top 50 of 99
+    _, again = _caught(lambda: bridge.generate(prompt, max_new_tokens=1, temperature=5.0))
+    assert again == []
+    for kwargs in ({"top_k": 0}, {"top_k": 50}, {"generation_config": GenerationConfig(do_sample=True, top_k=0)}):
+        fresh = make_bridge("llama")
+        _, said = _caught(lambda fresh=fresh, kwargs=kwargs: fresh.generate(prompt, max_new_tokens=1, **kwargs))
+        assert said == [], kwargs
+    whole, _ = _caught(lambda: make_bridge("llama").generate(prompt, max_new_tokens=1, temperature=5.0, top_k=0))
+    assert whole[:, -1].unique().numel() > 50  # TransformerLens' reading: every token may be drawn
+    # HookedTransformer keeps TransformerLens' defaults for what the call leaves out: `temperature` alone samples
+    # the whole distribution there too (it once brought in HF's top 50), and there is nothing to warn about.
+    hooked = transformer_bridge.HookedTransformer(make_bridge("llama").hf_model)
+    tl_sampled, said = _caught(lambda: hooked.generate(prompt, max_new_tokens=1, temperature=5.0, verbose=False))
+    assert said == [] and tl_sampled[:, -1].unique().numel() > 50
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

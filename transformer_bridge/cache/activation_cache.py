@@ -59,8 +59,9 @@ class ActivationCache(Mapping[str, Tensor]):
 
     # -- mapping --------------------------------------------------------------------------------
     def _key(self, key: Any) -> str:
-        if isinstance(key, str) and (key in self._tensors or tl4_spelling(key) in self._tensors):
-            return key if key in self._tensors else tl4_spelling(key)
+        known = self.model.hook_dict if getattr(self.model, "hook_dict", None) is not None else self._tensors
+        if isinstance(key, str) and (key in self._tensors or tl4_spelling(key, known) in self._tensors):
+            return key if key in self._tensors else tl4_spelling(key, known)
         compact = _tl_compact_name(key)  # TransformerLens' compact strings: "scale5ln1", "k6"
         if compact is not None and compact in self._tensors:
             return compact

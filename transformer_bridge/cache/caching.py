@@ -1,7 +1,7 @@
 """Caching hooks and the losses a caching run backpropagates: each tensor stored once, where asked."""
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 import torch
@@ -18,7 +18,9 @@ class CachingDict(dict):
     tensor stored once.
 
     A TransformerLens 4 spelling of a point reads its entry (``d["blocks.0.hook_out"]``, ``in``, ``get``);
-    iteration, ``len`` and ``keys()`` see the canonical names only. Writes go under the key given.
+    iteration, ``len`` and ``keys()`` see the canonical names only. Writes go under the key given. ``known``: the
+    model's points, for the spellings whose point depends on the family (`tl4_spelling`); without it those read
+    nothing.
 
     Example:
         >>> d = CachingDict({"blocks.0.hook_resid_post": torch.zeros(1)})
@@ -26,14 +28,18 @@ class CachingDict(dict):
         (True, True, 1)
     """
 
+    known: Container[str] | None = None
+
     def __missing__(self, key: Any) -> Tensor:
-        canonical = tl4_spelling(key) if isinstance(key, str) else key
+        canonical = tl4_spelling(key, self.known) if isinstance(key, str) else key
         if canonical != key and dict.__contains__(self, canonical):
             return dict.__getitem__(self, canonical)
         raise KeyError(key)
 
     def __contains__(self, key: object) -> bool:
-        return dict.__contains__(self, key) or (isinstance(key, str) and dict.__contains__(self, tl4_spelling(key)))
+        return dict.__contains__(self, key) or (
+            isinstance(key, str) and dict.__contains__(self, tl4_spelling(key, self.known))
+        )
 
     def get(self, key: Any, default: Any = None) -> Any:
         """``self[key]`` (a TransformerLens 4 spelling included) if present, else ``default``."""

@@ -42,7 +42,9 @@ def caching_hooks(
     for name, value in (("incl_bwd", incl_bwd), ("remove_batch_dim", remove_batch_dim)):
         check_bool(name, value)
     device = check_device(device)
-    cache = CachingDict() if cache is None else cache
+    if cache is None:
+        cache = CachingDict()
+        cache.known = model.hook_dict
     if not isinstance(cache, dict):
         raise ArgumentTypeError(f"`cache` must be a dict (or None for a new one), got {describe(cache)}.")
     names = model.names_matching(names_filter)
@@ -68,7 +70,8 @@ def hook_point(model: Any, hook_name: Any) -> HookPoint | None:
     if not isinstance(hook_name, (str, tuple)):
         raise ArgumentTypeError(f"`hook_name` must be a hook name (a str), got {describe(hook_name)}.")
     try:
-        return model.hook_dict[model.names.key(tl4_spelling(hook_name) if isinstance(hook_name, str) else hook_name)]
+        name = tl4_spelling(hook_name, model.hook_dict) if isinstance(hook_name, str) else hook_name
+        return model.hook_dict[model.names.key(name)]
     except KeyError:
         return None
 

@@ -11,16 +11,17 @@ OV (R), zero unless the first head's layer comes before the second's.
 
 from typing import Any
 
+import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from ..core import BridgeCore
-from ..sites.module_paths import get_module
+from ..sites.module_paths import get_module, optional_module
 from . import weights
 from .factored import FactoredMatrix
 
 _ATTN = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
-_MLP = ("W_in", "W_gate", "b_in", "W_out", "b_out")
+_MLP = ("W_in", "W_out", "b_in", "b_out", "W_gate")  # TransformerLens 4's order
 _KV = ("W_K", "W_V", "b_K", "b_V")
 
 
@@ -48,12 +49,25 @@ def composition_scores(left: FactoredMatrix, right: FactoredMatrix) -> Float[Ten
     return (left @ right).norm() / left.norm() / right.norm()
 
 
+def _norm_params(core: BridgeCore, prefix: str, path: str | None, root: torch.nn.Module) -> dict[str, Tensor]:
+    """A norm's ``w`` (and ``b``) as ``model.<prefix>w`` gives them (the HF module's parameters), for the norms
+    the bridge exposes (those with hook points)."""
+    module = optional_module(root, path, may_be_absent=True) if path is not None else None
+    if module is None or not any(n.startswith(prefix) for n in core.hook_dict):
+        return {}
+    found = {"w": getattr(module, "weight", None), "b": getattr(module, "bias", None)}
+    return {prefix + k: v for k, v in found.items() if isinstance(v, Tensor)}
+
+
 def get_params(core: BridgeCore) -> dict[str, Tensor]:
     """HookedTransformer's parameter names → the bridge's weights (``embed.W_E``, ``blocks.0.attn.W_Q`` …,
     ``unembed.W_U``). Shapes are TransformerLens': a GQA model's ``W_K`` / ``W_V`` / ``b_K`` / ``b_V`` have its kv
     heads repeated to ``n_heads`` (row ``h`` is query head ``h``'s, as HookedTransformer's and TransformerLens 4's
     ``get_params``; ``blocks[l].attn.W_K`` keeps the kv heads); the unembedding is the folded one (see
-    `compat.weights`)."""
+    `compat.weights`). In TransformerLens 4's order: per block the attention's, then the MLP's (``W_in``, ``W_out``,
+    ``b_in``, ``b_out``, ``W_gate``), then its norms' ``ln1.w`` / ``ln1.b`` / ``ln2.w`` / ``ln2.b`` where it has
+    them; then ``ln_final.w`` / ``.b`` and the unembedding. A norm's ``w`` is the HF module's weight, as
+    ``model.blocks[L].ln1.w`` gives it (note ``unembed.W_U`` already holds ``ln_final.w`` folded in)."""
     n_blocks = len(get_module(core.hf_model, core.adapter.blocks))
     if core.cfg.n_layers != n_blocks:
         raise ValueError(
@@ -62,6 +76,7 @@ def get_params(core: BridgeCore) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {"embed.W_E": weights.W_E(core)}
     if core.adapter.pos_embed:
         out["pos_embed.W_pos"] = weights.W_pos(core)
+    blocks = get_module(core.hf_model, core.adapter.blocks)
     for layer in range(core.cfg.n_layers):
         for group, names in (("attn", _ATTN), ("mlp", _MLP)):
             table = weights.ATTN_WEIGHTS if group == "attn" else weights.MLP_WEIGHTS
@@ -74,6 +89,9 @@ def get_params(core: BridgeCore) -> dict[str, Tensor]:
                     continue
                 if value is not None:  # W_gate of an ungated MLP
                     out[f"blocks.{layer}.{group}.{name}"] = value
+        for key in ("ln1", "ln2"):
+            out.update(_norm_params(core, f"blocks.{layer}.{key}.", getattr(core.adapter, key), blocks[layer]))
+    out.update(_norm_params(core, "ln_final.", core.adapter.ln_final, core.hf_model))
     out["unembed.W_U"] = weights.W_U(core)
     out["unembed.b_U"] = weights.b_U(core)
     return out

@@ -49,7 +49,7 @@ class ComponentView:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        point = self._core.hook_dict.get(tl4_spelling(self._prefix + name))
+        point = self._core.hook_dict.get(tl4_spelling(self._prefix + name, self._core.hook_dict))
         if point is not None:
             return point
         if name == "hook_in" and self._prefix.endswith(".ln2."):  # what the MLP's norm reads (TL 4's ln2.hook_in)
@@ -83,7 +83,7 @@ class ComponentView:
         return self.module(*args, **kwargs)
 
     def _io_point(self, which: str) -> HookPoint | None:
-        return self._core.hook_dict.get(tl4_spelling(self._prefix + which))
+        return self._core.hook_dict.get(tl4_spelling(self._prefix + which, self._core.hook_dict))
 
     def add_hook(
         self, hook: Callable, dir: str = "fwd", is_permanent: bool = False, level: int | None = None,

@@ -67,6 +67,18 @@ def warn_right_padding(
 QUIET_GREEDY: ContextVar[bool] = ContextVar("QUIET_GREEDY", default=False)
 
 
+def warn_default_top_k(model: Any, top_k: Any) -> None:
+    """Once per model: sampling from the generation config's top-k (HF's 50 unless the model's config says
+    otherwise), which the caller did not ask for, where TransformerLens samples from the whole distribution."""
+    if isinstance(top_k, int) and 0 < top_k < model.cfg.d_vocab:
+        warn_difference_once(model, "_warned_top_k", (
+            f"generate() samples from the {top_k} most likely tokens at each step: `top_k` was not given, so the "
+            f"generation config's top_k={top_k} applies (HF's rule). TransformerLens samples from the whole "
+            "distribution: pass top_k=0 for that (HookedTransformer does so by default), or top_k=50 to keep HF's "
+            "default without this warning."
+        ))  # fmt: skip
+
+
 def warn_greedy(model: Any, num_beams: Any) -> None:
     """Once per model: greedy decoding by default (HF's rule), where TransformerLens' ``generate`` samples. Not for
     beam search (TransformerLens has none), nor when the caller said ``do_sample`` in a keyword or config."""

@@ -40,7 +40,7 @@ from ..inputs import hf_generate_mask, left_padding_mask
 from . import checks, options
 from .declare import BY_NAME, CONFIG_FIELDS
 from .keywords import UNSUPPORTED, is_number_or_flag
-from .options import WARPERS, Plan
+from .options import HF_DEFAULT_TOP_K, WARPERS, Plan
 
 DEFAULT_MAX_NEW_TOKENS = 20  # HF's default `max_length` of 20 counts new tokens when nothing is set
 # Config fields HF's `generate` reads only to pick a cache (Gemma2's config names one); ours is always a
@@ -139,6 +139,8 @@ def prepare(model: BridgeCore, a: Mapping[str, Any]) -> Request:
     do_sample, warpers = _sampling(settings, a)
     if do_sample is False and a["do_sample"] is None and not settings.by_user("do_sample", None):
         checks.warn_greedy(model, settings("num_beams", a["num_beams"], 1))
+    if do_sample is True and not settings.by_user("top_k", a["top_k"]):
+        checks.warn_default_top_k(model, settings("top_k", None, HF_DEFAULT_TOP_K))
     use_cache, tl_use_cache = a["use_cache"], a["use_past_kv_cache"]
     if use_cache is not None and tl_use_cache is not None and use_cache != tl_use_cache:
         raise ValueError(

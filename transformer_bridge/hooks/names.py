@@ -17,7 +17,7 @@ model's blocks raises `LayerOutOfRangeError`, and a valid point missing from a c
 
 import difflib
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..checks import as_index
@@ -58,18 +58,42 @@ _TL_LAYER_TYPE = {
     "a": "attn", "attention": "attn", "attn": "attn", "m": "mlp", "mlp": "mlp", "b": "", "block": "", "blocks": "",
 }  # fmt: skip
 _TL4_MODEL = {"embed.hook_in": "hook_tokens", "embed.hook_out": "hook_embed", "pos_embed.hook_out": "hook_pos_embed"}
+# Spellings whose point depends on the family, decided from the model's points (``known``):
+# - a sublayer's output (TransformerLens 4: its last projection's output) is ``hook_attn_out`` / ``hook_mlp_out``
+#   only where no post-norm follows it (Gemma 2/3, OLMo 2: TransformerLens 4's hook_attn_out is after ln1_post, its
+#   attn.hook_out before; this bridge has no point before the post-norm, so the spelling is unknown there);
+# - a gated MLP's ``in`` is its up projection (``hook_pre_linear``), its ``gate`` the activation's input.
+_TL4_POST_NORMED = {"attn.hook_out": "ln1_post", "mlp.hook_out": "ln2_post", "attn.o.hook_out": "ln1_post",
+                    "mlp.out.hook_out": "ln2_post"}  # fmt: skip
+_TL4_SUBLAYER_OUT = {"attn.o.hook_out": "hook_attn_out", "mlp.out.hook_out": "hook_mlp_out"}
+_TL4_GATED = {"mlp.in.hook_out": "mlp.hook_pre_linear", "mlp.gate.hook_out": "mlp.hook_pre"}
 
 
-def tl4_spelling(name: str) -> str:
+def tl4_spelling(name: str, known: Container[str] | None = None) -> str:
     """The canonical name for a TransformerLens 4 bridge spelling (``blocks.0.hook_in`` →
-    ``blocks.0.hook_resid_pre``, ``embed.hook_out`` → ``hook_embed``); other names unchanged."""
+    ``blocks.0.hook_resid_pre``, ``embed.hook_out`` → ``hook_embed``); other names unchanged.
+
+    ``known``: the model's points (its ``hook_dict``), for the spellings whose point depends on the family (a
+    sublayer's output before a post-norm, a gated MLP's ``in`` and ``gate``). Without it those stay unchanged
+    (unknown), never read as another family's point."""
     if name.endswith("_grad"):  # a cached gradient: `<point>_grad`
-        return tl4_spelling(name[: -len("_grad")]) + "_grad"
+        return tl4_spelling(name[: -len("_grad")], known) + "_grad"
     if name in _TL4_MODEL:
         return _TL4_MODEL[name]
     match = _BLOCK_NAME.fullmatch(name)
-    if match and match.group(2) in _TL4_BLOCK:
-        return f"blocks.{match.group(1)}.{_TL4_BLOCK[match.group(2)]}"
+    if match is None:
+        return name
+    block, rest = f"blocks.{match.group(1)}.", match.group(2)
+    if rest in _TL4_POST_NORMED or rest in _TL4_GATED:
+        if known is None or f"{block}{_TL4_POST_NORMED.get(rest)}.hook_normalized" in known:
+            return name
+        if rest in _TL4_GATED:
+            if f"{block}mlp.hook_pre_linear" in known:  # gated
+                return block + _TL4_GATED[rest]
+            return block + "mlp.hook_pre" if rest == "mlp.in.hook_out" else name
+        return block + (_TL4_SUBLAYER_OUT.get(rest) or _TL4_BLOCK[rest])
+    if rest in _TL4_BLOCK:
+        return block + _TL4_BLOCK[rest]
     return name
 
 
@@ -207,11 +231,12 @@ class HookNames:
                     )
                 self._check_layer(index, key)
                 layer = index + self.n_layers if index < 0 else index
-            name = tl4_spelling(tl_act_name(key[0], layer, key[2] if len(key) > 2 else None))
+            name = tl4_spelling(tl_act_name(key[0], layer, key[2] if len(key) > 2 else None), self.valid_set)
         elif isinstance(key, str):
             if key in self.valid_set:
                 return self._on(key)
-            name = canonical_name(key) if key in _SHORT and _SHORT[key] in ("", "norm") else tl4_spelling(key)
+            short = key in _SHORT and _SHORT[key] in ("", "norm")
+            name = canonical_name(key) if short else tl4_spelling(key, self.valid_set)
         else:
             raise TypeError(
                 f"`{param}` must be a hook name (str) or a key tuple like ('resid_post', 0), got "
