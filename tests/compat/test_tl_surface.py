@@ -235,7 +235,9 @@ def test_tl4_spellings_that_depend_on_the_family(family):
                 "blocks.0.attn.hook_out": None if post_normed else "blocks.0.hook_attn_out",
                 "blocks.0.attn.o.hook_out": None if post_normed else "blocks.0.hook_attn_out",
                 "blocks.0.mlp.hook_out": None if post_normed else "blocks.0.hook_mlp_out",
-                "blocks.0.mlp.out.hook_out": None if post_normed else "blocks.0.hook_mlp_out"}  # fmt: skip
+                "blocks.0.mlp.out.hook_out": None if post_normed else "blocks.0.hook_mlp_out",
+                "blocks.1.attn.k.hook_in": "blocks.1.attn.hook_in", "hook_unembed": "unembed.hook_out",
+                "ln_final.hook_in": f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"}  # fmt: skip
     for tl4, canonical in expected.items():
         if canonical is None:
             assert tl4 not in cache, tl4

@@ -57,7 +57,9 @@ _TL_NAME_ALIAS = {
 _TL_LAYER_TYPE = {
     "a": "attn", "attention": "attn", "attn": "attn", "m": "mlp", "mlp": "mlp", "b": "", "block": "", "blocks": "",
 }  # fmt: skip
-_TL4_MODEL = {"embed.hook_in": "hook_tokens", "embed.hook_out": "hook_embed", "pos_embed.hook_out": "hook_pos_embed"}
+_TL4_MODEL = {"embed.hook_in": "hook_tokens", "embed.hook_out": "hook_embed", "pos_embed.hook_out": "hook_pos_embed",
+              "hook_unembed": "unembed.hook_out"}  # fmt: skip
+_RESID_POST = re.compile(r"blocks\.(\d+)\.hook_resid_post")
 # Spellings whose point depends on the family, decided from the model's points (``known``):
 # - a sublayer's output (TransformerLens 4: its last projection's output) is ``hook_attn_out`` / ``hook_mlp_out``
 #   only where no post-norm follows it (Gemma 2/3, OLMo 2: TransformerLens 4's hook_attn_out is after ln1_post, its
@@ -67,6 +69,8 @@ _TL4_POST_NORMED = {"attn.hook_out": "ln1_post", "mlp.hook_out": "ln2_post", "at
                     "mlp.out.hook_out": "ln2_post"}  # fmt: skip
 _TL4_SUBLAYER_OUT = {"attn.o.hook_out": "hook_attn_out", "mlp.out.hook_out": "hook_mlp_out"}
 _TL4_GATED = {"mlp.in.hook_out": "mlp.hook_pre_linear", "mlp.gate.hook_out": "mlp.hook_pre"}
+# A projection's input is the attention's input (TransformerLens 4's q/k/v components read the attention's input).
+_TL4_PROJECTION_IN = ("attn.q.hook_in", "attn.k.hook_in", "attn.v.hook_in")
 
 
 def tl4_spelling(name: str, known: Container[str] | None = None) -> str:
@@ -80,10 +84,15 @@ def tl4_spelling(name: str, known: Container[str] | None = None) -> str:
         return tl4_spelling(name[: -len("_grad")], known) + "_grad"
     if name in _TL4_MODEL:
         return _TL4_MODEL[name]
+    if name == "ln_final.hook_in" and known is not None:  # the last block's output
+        last = max((int(m.group(1)) for n in known if (m := _RESID_POST.fullmatch(n))), default=None)
+        return name if last is None else f"blocks.{last}.hook_resid_post"
     match = _BLOCK_NAME.fullmatch(name)
     if match is None:
         return name
     block, rest = f"blocks.{match.group(1)}.", match.group(2)
+    if rest in _TL4_PROJECTION_IN and known is not None and f"{block}attn.hook_in" in known:
+        return block + "attn.hook_in"
     if rest in _TL4_POST_NORMED or rest in _TL4_GATED:
         if known is None or f"{block}{_TL4_POST_NORMED.get(rest)}.hook_normalized" in known:
             return name
