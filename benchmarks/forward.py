@@ -2,8 +2,9 @@
 
 For SmolLM2-135M-Instruct (fp32) and a tiny random Llama, times (median over interleaved repeats):
 raw HF forward, the bridge with no hooks, with one residual-stream hook, and `run_with_cache` of
-every hook point. Prints medians, ratios to raw HF, and cache size (MB and MB per token, counting
-shared storage once).
+every hook point (under grad mode, TransformerLens' default, and under ``torch.no_grad()``;
+`benchmarks/cache_cost.py` splits the cache's cost). Prints medians, ratios to raw HF, and cache size (MB and MB
+per token, counting shared storage once).
 
     python benchmarks/forward.py [--tokens 128] [--repeats 15] [--skip-real]
 """
@@ -50,8 +51,13 @@ def bench(label: str, hf_model, tokens: torch.Tensor, repeats: int) -> None:
     def cache_all():
         model.run_with_cache(tokens)
 
+    def cache_all_no_grad():
+        with torch.no_grad():
+            model.run_with_cache(tokens)
+
     med = median_times({"raw HF": raw, "bridge, no hooks": bridge, "bridge, 1 resid hook": one_hook,
-                         "run_with_cache (all)": cache_all}, repeats)  # fmt: skip
+                         "run_with_cache (all)": cache_all, "run_with_cache (all), no_grad": cache_all_no_grad},
+                        repeats)  # fmt: skip
     _, cache = model.run_with_cache(tokens)
     n_tok = tokens.numel()
     mb = cache.nbytes() / 2**20

@@ -164,7 +164,10 @@ def hooked_attention(
     new_scores = _run(groups, "scores", scores)
     # A tensor kept for its gradient (``retain_grad``) is only on the path if the explicit kernel runs.
     edited |= new_scores is not scores or new_scores.retains_grad
-    scores = new_scores.clamp(min=torch.finfo(new_scores.dtype).min) if shown else new_scores
+    # Back to the dtype's minimum for the softmax, where a row may have every key blocked (a mask was given): without
+    # a mask every query sees its own key, and the softmax of -inf entries is the softmax of the minimum's, bitwise.
+    may_block_rows = attention_mask is not None or n_kv < n_q or new_scores is not scores
+    scores = new_scores.clamp(min=torch.finfo(new_scores.dtype).min) if shown and may_block_rows else new_scores
     pattern = _softmax(scores, s_aux).to(query.dtype)
     new_pattern = _run(groups, "pattern", pattern)
     edited |= new_pattern is not pattern or new_pattern.retains_grad
