@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import make_bridge, perturb_
+from conftest import make_bridge, make_hf, perturb_
 from transformers import GenerationConfig
 
 import transformer_bridge
@@ -83,6 +83,26 @@ def test_greedy_default_warns_once_and_only_where_tl_would_sample():
     _, said = _caught(lambda: hooked.generate(PROMPT, max_new_tokens=4))
     assert said == []
     assert torch.equal(greedy, bridge.generate(PROMPT, max_new_tokens=4, do_sample=False))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_compatibility_mode_names_the_attention_kernel(family):
+    """TransformerLens 4's bridge forces HF's eager attention; here the model's kernel stays (HF's logits). Asking for
+    TransformerLens' numbers (`enable_compatibility_mode`) on another kernel says so once; on eager, or with
+    `disable_warnings=True`, nothing is said. The eager model's logits are what the warning promises: the sdpa
+    model's within float summation order, and TransformerLens' kernel."""
+    sdpa = make_bridge(family)
+    _, said = _caught(lambda: sdpa.enable_compatibility_mode(no_processing=True))
+    assert len(said) == 1 and "attn_implementation='eager'" in str(said[0].message) and "'sdpa'" in str(said[0].message)
+    assert said[0].filename == __file__
+    assert _caught(lambda: sdpa.enable_compatibility_mode(no_processing=True))[1] == []
+    assert _caught(lambda: make_bridge(family).enable_compatibility_mode(True, no_processing=True))[1] == []
+    hf = make_hf(family)
+    hf.config._attn_implementation = "eager"
+    eager = transformer_bridge.TransformerBridge(hf)
+    assert _caught(lambda: eager.enable_compatibility_mode(no_processing=True))[1] == []
+    tokens = torch.tensor([[5, 17, 3, 42, 8, 9]])
+    torch.testing.assert_close(eager(tokens), sdpa(tokens), atol=1e-4, rtol=0)
 
 
 def test_sampling_from_the_configs_top_k_warns_once_where_tl_samples_the_whole_distribution():

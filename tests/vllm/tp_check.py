@@ -46,5 +46,68 @@ def main(path: str) -> None:
     print(f"tp_check: TP=2 equals TP=1 (worst {worst:.1e})")
 
 
+def compiled(path: str) -> None:
+    """A compiled TP=2 engine (vLLM's default compilation) with declared points: the taps are registered in each
+    worker process before it compiles, interventions and captures gather whole tensors, and they equal an eager
+    TP=1 engine's."""
+    declared = ["blocks.0.hook_resid_post", "blocks.1.attn.hook_z", "blocks.0.mlp.hook_post", "unembed.hook_out"]
+    engine = {k: v for k, v in ENGINE.items() if k != "enforce_eager"}
+    tp2 = VLLMBridge.from_pretrained(path, tensor_parallel_size=2, distributed_executor_backend="mp",
+                                     compiled_points=declared, **engine)  # fmt: skip
+    assert tp2.info["tp"] == 2 and tp2.compiled
+    g = torch.Generator().manual_seed(3)
+    kw = dict(max_new_tokens=5, return_cache=True, names_filter=declared, stop_at_eos=False)
+    tp1 = VLLMBridge.from_pretrained(path, **ENGINE)
+    worst = 0.0
+    for _ in range(2):  # new vectors each round: data, never compiled in
+        steer = [[Intervention("blocks.0.hook_resid_post", add=3.0 * torch.randn(256, generator=g))], None]
+        out2, caches2 = tp2.generate(PROMPTS, interventions=steer, **kw)
+        out1, caches1 = tp1.generate(PROMPTS, interventions=steer, **kw)
+        assert out2 == out1, (out2, out1)
+        for c2, c1 in zip(caches2, caches1, strict=True):
+            assert sorted(c2.keys()) == sorted(declared)
+            for name in declared:
+                assert c2[name].shape == c1[name].shape, name
+                worst = max(worst, (c2[name] - c1[name]).abs().max().item())
+    assert worst < 1e-5, worst
+    print(f"tp_check: compiled TP=2 equals eager TP=1 (worst {worst:.1e})")
+
+
+def vllm_defaults(path: str) -> None:
+    """vLLM's default runs the engine core in another process (``VLLM_ENABLE_V1_MULTIPROCESSING`` unset, read when an
+    engine is built): `from_pretrained` builds its engine with the core in this process, and a compiled engine's
+    taps reach the worker."""
+    os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    engine = {k: v for k, v in ENGINE.items() if k != "enforce_eager"}
+    fast = VLLMBridge.from_pretrained(path, compiled_points=["blocks.0.hook_resid_post"], **engine)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ and fast.declared == {"blocks.0.hook_resid_post"}
+    steer = [[Intervention("blocks.0.hook_resid_post", add=3.0 * torch.ones(256))], None]
+    kw = dict(max_new_tokens=4, return_cache=True, names_filter="blocks.0.hook_resid_post", stop_at_eos=False)
+    out, caches = fast.generate(PROMPTS, interventions=steer, **kw)
+    eager = VLLMBridge.from_pretrained(path, **ENGINE)
+    out1, caches1 = eager.generate(PROMPTS, interventions=steer, **kw)
+    assert out == out1 and out != eager.generate(PROMPTS, max_new_tokens=4, stop_at_eos=False)
+    worst = max((a[n] - b[n]).abs().max().item() for a, b in zip(caches, caches1, strict=True) for n in a)
+    assert worst < 1e-5, worst
+    print(f"tp_check: vLLM's defaults served (worst {worst:.1e})")
+
+
+def core_elsewhere(path: str) -> None:
+    """An `LLM` built with its engine core in another process is refused by name when wrapped (vLLM reads the
+    variable once per process, so in a process of its own)."""
+    from vllm import LLM
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    elsewhere = LLM(model=path, **ENGINE)
+    try:
+        VLLMBridge(elsewhere)
+    except ValueError as e:
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" in str(e) and "from_pretrained" in str(e), e
+    else:
+        raise AssertionError("an engine core in another process must be refused")
+    print("tp_check: a multiprocess engine core refused")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    modes = {"compiled": compiled, "defaults": vllm_defaults, "core_elsewhere": core_elsewhere}
+    modes.get(sys.argv[2] if sys.argv[2:] else "", main)(sys.argv[1])

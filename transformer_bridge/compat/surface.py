@@ -15,7 +15,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from ..cache import full
-from ..checks import check_bool
+from ..checks import check_bool, warn_difference_once
 from ..core import BridgeCore
 from ..hooks.points import HookPoint
 from .caching_hooks import HookPair, caching_hooks, hook_point
@@ -273,6 +273,13 @@ class TransformerLensSurface:
         """
         if not isinstance(disable_warnings, bool):
             raise TypeError(f"`disable_warnings` must be True or False, got {disable_warnings!r}.")
+        kernel = getattr(self.hf_model.config, "_attn_implementation", None)
+        if not disable_warnings and kernel not in (None, "eager"):
+            warn_difference_once(self, "_warned_attention_kernel", (
+                f"attention runs on the model's own kernel ({kernel!r}), whose logits are HF's; TransformerLens 4's "
+                "bridge forces HF's eager attention, so numbers differ by float summation order (about 1e-5 on "
+                "logits). Load the model with attn_implementation='eager' for TransformerLens' numbers."
+            ))  # fmt: skip
         if no_processing:
             return
         self.process_weights(fold_ln, center_writing_weights, center_unembed, fold_value_biases,

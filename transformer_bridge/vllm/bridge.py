@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -78,6 +79,13 @@ class VLLMBridge:
 
     def __init__(self, llm: Any, tokenizer: Any = None) -> None:
         internals.check_version()
+        if not internals.core_in_process(llm):
+            raise ValueError(
+                "`llm` runs its engine core in another process (vLLM's default), which the bridge's per-request "
+                f"taps cannot reach: build it with os.environ[{internals.MULTIPROCESSING_ENV!r}] = '0' set first, or "
+                "with `VLLMBridge.from_pretrained` (which does so unless you set that variable). Worker processes "
+                "(tensor_parallel_size > 1) are fine."
+            )
         self.llm = llm
         info = llm.collective_rpc(worker.describe)[0]
         self.info = info
@@ -108,10 +116,14 @@ class VLLMBridge:
         from vllm import LLM  # optional dependency
 
         if compiled_points is None:
-            return cls(LLM(model=str(path), **engine_kwargs))
+            with internals.core_in_this_process():
+                return cls(LLM(model=str(path), **engine_kwargs))
         if engine_kwargs.get("enforce_eager"):
             raise ValueError("`compiled_points` declares points for a compiled engine; drop `enforce_eager=True`.")
-        with internals.on_model_load(lambda runner, model: compiled.install(runner, model, compiled_points)):
+        engine_kwargs = dict(engine_kwargs)
+        install = functools.partial(compiled.install, names_filter=compiled_points)
+        setup = compiled.worker_setup(compiled_points)
+        with internals.core_in_this_process(), internals.on_model_load(install, engine_kwargs, setup):
             return cls(LLM(model=str(path), **engine_kwargs))
 
     def _harvest_model(self) -> HarvestModel:  # read by `harvest`: this engine as the loop's runner

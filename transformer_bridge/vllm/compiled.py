@@ -10,9 +10,12 @@ requests are steered, by which vectors, or what is captured, never recompiles. P
 there (they would have to be traced); they stay an eager engine's.
 """
 
+import base64
+import os
 from collections.abc import Callable
 from typing import Any
 
+import cloudpickle
 import torch
 from torch import Tensor, nn
 
@@ -80,3 +83,28 @@ def _applier(points: list, ids: list[int], sink: Tensor) -> Callable[[Any], Any]
         return x
 
     return apply
+
+
+class WorkerSetup:
+    """vLLM's worker extension for compiled engines whose workers are other processes (tensor or pipeline
+    parallelism; spawned, so a patch made in the driver does not reach them). vLLM imports this module in
+    each worker before the worker loads its model (`internals.on_model_load`), and the import installs the declared
+    taps there, from the names the driver put in the environment. It adds no method to the worker."""
+
+
+def worker_setup(names_filter: NameFilter) -> tuple[str, str]:
+    """``(WorkerSetup's qualified name, the payload a worker installs from)`` for `internals.on_model_load`."""
+    payload = base64.b64encode(cloudpickle.dumps(names_filter)).decode("ascii")
+    return f"{WorkerSetup.__module__}.{WorkerSetup.__qualname__}", payload
+
+
+def _setup_this_worker() -> None:
+    """In a worker process started for a compiled engine (the payload in its environment): its model runner installs
+    the declared taps right after loading the model. Elsewhere, nothing."""
+    payload = os.environ.get(internals.WORKER_SETUP_ENV)
+    if payload:
+        names_filter = cloudpickle.loads(base64.b64decode(payload))
+        internals.patch_load_model(lambda runner, model: install(runner, model, names_filter))
+
+
+_setup_this_worker()

@@ -76,10 +76,33 @@ def is_compiled(llm: Any) -> bool:
     return int(mode) != 0  # CompilationMode.NONE
 
 
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"  # "0": the engine core runs in the process that builds it
+
+
+def core_in_process(llm: Any) -> bool:
+    """Whether the engine core runs in this process (vLLM's `InprocClient`), not behind its multiprocess client:
+    only then do the bridge's calls to the workers (`collective_rpc` of functions) and per-request tags reach them."""
+    return type(_need(llm, "llm_engine.engine_core", "the engine-core client")).__name__ == "InprocClient"
+
+
+@contextlib.contextmanager
+def core_in_this_process() -> Iterator[None]:
+    """Engines built in the block run their engine core in this process, unless the caller set
+    `MULTIPROCESSING_ENV` (vLLM reads it when an engine is built)."""
+    if MULTIPROCESSING_ENV in os.environ:
+        yield
+        return
+    os.environ[MULTIPROCESSING_ENV] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop(MULTIPROCESSING_ENV, None)
+
+
 def in_process(llm: Any) -> bool:
     """Whether the engine's one worker runs in this process (then hooks are plain calls, closures included)."""
     executor = _need(engine_config(llm), "parallel_config.distributed_executor_backend", "the executor backend")
-    return executor in (None, "uni") and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+    return executor in (None, "uni") and core_in_process(llm)
 
 
 def tokenizer_of(llm: Any) -> Any:
@@ -183,12 +206,16 @@ def batch_rows(runner: Any, n_tokens: int) -> list[Row]:
     return rows
 
 
-@contextlib.contextmanager
-def on_model_load(callback: Callable[[Any, nn.Module], None]) -> Iterator[None]:
-    """While the block runs, every model runner calls ``callback(runner, model)`` right after loading its model, before
-    vLLM compiles it (so hooks registered there are traced into the compiled code). In-process engines, and worker
-    processes forked inside the block, see it. vLLM's compile cache is off meanwhile: a graph cached without the
-    bridge's taps must not be loaded for an engine that has them, nor one with taps for an engine without."""
+# Worker processes (tensor or pipeline parallelism) are spawned: on CPU always, on GPU once CUDA is
+# initialised. A patch made in the driver does not reach them; vLLM resolves ``worker_extension_cls`` (an engine
+# argument, a class's qualified name) in each worker before the worker loads its model, so importing that class's
+# module is where a worker installs what the driver asked for, read from this environment variable (inherited).
+WORKER_EXTENSION_ARG = "worker_extension_cls"
+WORKER_SETUP_ENV = "TRANSFORMER_BRIDGE_VLLM_WORKER_SETUP"
+
+
+def _load_model_patches(callback: Callable[[Any, nn.Module], None]) -> dict[type, Callable]:
+    """``{runner class: load_model that calls callback(runner, model) after loading}`` for the runners defining it."""
     from vllm.v1.worker import cpu_model_runner, gpu_model_runner
 
     classes = [cpu_model_runner.CPUModelRunner, gpu_model_runner.GPUModelRunner]
@@ -204,21 +231,50 @@ def on_model_load(callback: Callable[[Any, nn.Module], None]) -> Iterator[None]:
 
         return load_model
 
-    cache_env = os.environ.get("VLLM_DISABLE_COMPILE_CACHE")
+    return {cls: wrap(original) for cls, original in originals.items() if original is not None}
+
+
+def patch_load_model(callback: Callable[[Any, nn.Module], None]) -> None:
+    """For the rest of this process (a worker's), every model runner calls ``callback(runner, model)`` right after
+    loading its model, before vLLM compiles it."""
+    for cls, load_model in _load_model_patches(callback).items():
+        cls.load_model = load_model
+
+
+@contextlib.contextmanager
+def on_model_load(
+    callback: Callable[[Any, nn.Module], None], engine_kwargs: dict[str, Any], worker_setup: tuple[str, str]
+) -> Iterator[None]:
+    """While the block runs, every model runner calls ``callback(runner, model)`` right after loading its model, before
+    vLLM compiles it (so hooks registered there are traced into the compiled code): in this process by a patch; in
+    worker processes (spawned) through ``worker_setup = (qualified class name, payload)``: the name goes into
+    ``engine_kwargs`` as vLLM's `WORKER_EXTENSION_ARG`, the payload into `WORKER_SETUP_ENV`, and the class's module,
+    imported in a worker, installs the same callback from the payload (`patch_load_model`). vLLM's compile cache is
+    off meanwhile: a graph cached without the bridge's taps must not be loaded for an engine that has them, nor one
+    with taps for an engine without."""
+    if engine_kwargs.get(WORKER_EXTENSION_ARG) is not None:
+        raise ValueError(
+            f"`{WORKER_EXTENSION_ARG}`={engine_kwargs[WORKER_EXTENSION_ARG]!r}: a compiled engine with declared points "
+            "uses vLLM's worker extension to install its taps in worker processes; drop it, or build the engine "
+            "without `compiled_points` (`enforce_eager=True` for Python hooks)."
+        )
+    patches = _load_model_patches(callback)
+    originals = {cls: vars(cls)["load_model"] for cls in patches}
+    saved = {k: os.environ.get(k) for k in ("VLLM_DISABLE_COMPILE_CACHE", WORKER_SETUP_ENV)}
     os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
-    for cls, original in originals.items():
-        if original is not None:
-            cls.load_model = wrap(original)
+    engine_kwargs[WORKER_EXTENSION_ARG], os.environ[WORKER_SETUP_ENV] = worker_setup
+    for cls, load_model in patches.items():
+        cls.load_model = load_model
     try:
         yield
     finally:
         for cls, original in originals.items():
-            if original is not None:
-                cls.load_model = original
-        if cache_env is None:
-            os.environ.pop("VLLM_DISABLE_COMPILE_CACHE", None)
-        else:
-            os.environ["VLLM_DISABLE_COMPILE_CACHE"] = cache_env
+            cls.load_model = original
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def model_is_compiled(model: nn.Module) -> bool:
