@@ -104,12 +104,12 @@ SUBSTITUTIONS: dict[str, list[tuple[str, str, str]]] = {
 CAUSES = {
     "kernel": "TL's bridge forces HF's eager attention; this one keeps the model's kernel (SDPA), whose logits are "
     "HF's bitwise. Float summation order only (at most 1e-4 on logits, ~1e-6 of the largest); the cell is equal "
-    "in the eager run. Documented (docs/transformerlens.md, processed weights), not warned.",
-    "kernel (patching)": "the attention kernel, as under kernel: this bridge with attn_implementation='eager' (and "
-    "reuse_corrupted=False, because of the bug below) gives TL's cell-12 sweep bitwise, batched or not. The eager "
-    "run itself stops at these cells on a bug of batched patching (reported): with reuse_corrupted (the default) the "
-    "copies' attention mask is repeated for the first patched block only, so any materialised mask (eager "
-    "attention, or a padded batch under any kernel) raises a shape error.",
+    "in the eager run. Documented (docs/transformerlens.md, processed weights); HF is the oracle. Flagged: "
+    "enable_compatibility_mode() on a non-eager kernel warns once (TransformerLensDifferenceWarning naming "
+    "attn_implementation='eager'), in the cell that calls it.",
+    "kernel (patching)": "the attention kernel, as under kernel, in a patching sweep: the eager run gives TL's "
+    "numbers. (The eager run used to stop here on a bug of batched patching, fixed: with reuse_corrupted the "
+    "copies' materialised attention mask was repeated for the first patched block only, a shape error.)",
     "kernel (p-values)": "the attention kernel, through a discrete statistic: sign-flip p-values over 8 prompts "
     "are multiples of 1/256, and ~1e-5 of kernel noise in the per-prompt values moves a tie (3 of 36 heads, by "
     "2/256); the cell's other numbers (values, bootstrap interval) are equal.",
@@ -118,21 +118,18 @@ CAUSES = {
     "eager attention agree bitwise on Exploratory_Analysis_Demo's 8 prompts); this bridge keeps the model's "
     "computation and derives head results from hook_z, so the eager run does not remove it. Float summation order "
     "only.",
-    "use_attn_result (TL), patching": "as use_attn_result (TL), in a patching sweep; the eager run stops here on "
-    "the bug of batched patching described under kernel (patching) in Activation_Patching_in_TL_Demo.",
+    "use_attn_result (TL), patching": "as use_attn_result (TL), in a patching sweep.",
     "hook names": "every hook here reports the one canonical name (documented: 'one name per hook point'); TL 4.3 "
-    "reports its bridge's spellings (embed.hook_in, blocks.0.hook_in, ...) and also fires points this bridge lacks "
-    "(rotary_emb.hook_cos/sin, attn.hook_cos/sin, attn.q/k/v.hook_in, attn.o.hook_out, mlp.out.hook_out, "
-    "ln_final.hook_in/out, hook_unembed; naming one raises UnknownHookError). Reported.",
-    "get_params": "tl_named_parameters: TL 4.3 also lists the norms' weights (blocks.L.ln1.w, ln2.w, ln_final.w) "
-    "and orders a gated MLP W_in, W_out, b_in, b_out, W_gate; here no norm weights, and W_in, W_gate, b_in, W_out, "
-    "b_out. Not documented, not warned. Reported.",
-    "sampling": "sampled text: the two samplers draw differently from the same seed, so no tokens compare. Also, "
-    "TransformerBridge.generate(temperature=...) samples from HF's top 50 tokens here (TL: the whole distribution): "
-    "documented, not warned. Reported.",
+    "reports its bridge's spellings (embed.hook_in, blocks.0.hook_in, ...; each resolves here to the same point) and "
+    "also fires points this bridge lacks (rotary_emb.hook_cos/sin, attn.hook_cos/sin, ln_final.hook_out; naming one "
+    "raises UnknownHookError). Printed names only; no number differs.",
+    "get_params": "tl_named_parameters: the list now follows TL 4.3's (the norms' weights, a gated MLP's W_in, W_out, "
+    "b_in, b_out, W_gate); what still differs is printed here.",
+    "sampling": "sampled text: the two samplers draw differently from the same seed, so no tokens compare. Sampling "
+    "without top_k uses HF's top 50 here (TL: the whole distribution): documented, and warned once per model "
+    "(TransformerLensDifferenceWarning naming top_k=0).",
     "module path": "`from transformer_bridge.HookedRootModule import HookedRootModule`: TransformerLens' upper-case "
-    "module paths are not modules here (documented in the idioms table; raises ModuleNotFoundError). With `from "
-    "transformer_bridge import HookedRootModule` cells 53-55 print TL's numbers (checked by hand). Reported.",
+    "module paths import here now; what still differs is printed here.",
     "after 53": "follows from cell 53: the toy model was not built, so `model` is still the bridge.",
     "stand-in metric": "the notebook asserts the clean metric is 1 within 1e-5; with the stand-in the clean and "
     "corrupted logit differences are +-0.054, so the float noise between its two forwards fails it on both sides "

@@ -105,6 +105,21 @@ def test_compatibility_mode_names_the_attention_kernel(family):
     torch.testing.assert_close(eager(tokens), sdpa(tokens), atol=1e-4, rtol=0)
 
 
+def test_use_attn_result_says_once_that_tl_sums_the_heads_instead():
+    """With use_attn_result on, TransformerLens 4 computes attention's output as the sum of the heads' results (its
+    logits move); here the logits stay the model's: the first switch on says so, and the logits are HF's bitwise."""
+    model = make_bridge("llama")
+    tokens = torch.tensor([[5, 17, 3, 42, 8, 9]])
+    before = model(tokens)
+    _, said = _caught(lambda: model.set_use_attn_result(True))
+    assert len(said) == 1 and "sum of its heads' results" in str(said[0].message)
+    assert said[0].filename == __file__
+    assert _caught(lambda: model.set_use_attn_result(True))[1] == []
+    assert _caught(lambda: make_bridge("llama").set_use_attn_result(False))[1] == []
+    logits, cache = model.run_with_cache(tokens)
+    assert torch.equal(logits, before) and "blocks.0.attn.hook_result" in cache
+
+
 def test_sampling_from_the_configs_top_k_warns_once_where_tl_samples_the_whole_distribution():
     """HF's generation config samples from the top 50 tokens unless told otherwise; TransformerLens from all of
     them. Sampling without `top_k` warns once per model; `top_k` given (0: every token) is silent."""

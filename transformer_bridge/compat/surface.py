@@ -436,10 +436,12 @@ class TransformerLensSurface:
         return self.hf_model
 
     def set_use_attn_result(self: BridgeCore, use_attn_result: bool) -> None:
-        """TransformerLens' switch for ``blocks.L.attn.hook_result`` (``cfg.use_attn_result``). ``True``, the
-        bridge's default: the point is computed (from ``hook_z`` and the output projection) only while hooked or
-        cached. ``False``: the point is off, as in TransformerLens: caches of all points leave it out, and naming
-        it in a hook or ``names_filter`` raises `names.HookOffError`. The logits are the same either way.
+        """TransformerLens' switch for ``blocks.L.attn.hook_result`` (``cfg.use_attn_result``). ``True``: the point
+        is computed (from ``hook_z`` and the output projection) while hooked or cached, and caches of all points hold
+        it. ``False`` (the default, as in TransformerLens): caches of all points leave it out, and naming it in a
+        hook or ``names_filter`` computes it on demand. The logits are the model's either way; TransformerLens 4
+        instead computes the attention output as the sum of the heads' results while it is on (its logits move by
+        float summation order), which the first ``True`` says once per model.
 
         Example:
             >>> model.set_use_attn_result(True)
@@ -447,6 +449,13 @@ class TransformerLensSurface:
             >>> cache["result", 0].shape   # [batch, pos, head, d_model]
         """
         check_bool("use_attn_result", use_attn_result)
+        if use_attn_result:
+            warn_difference_once(self, "_warned_attn_result", (
+                "set_use_attn_result(True): TransformerLens 4 then computes each attention output as the sum of its "
+                "heads' results, which moves its logits by float summation order (about 1e-5); here the model's own "
+                "computation stays (HF's logits) and hook_result is derived from hook_z and W_O, so the two bridges' "
+                "numbers differ at that level."
+            ))  # fmt: skip
         self.cfg.use_attn_result = use_attn_result  # TransformerLens' cfg field, which reads it back
 
     def set_use_split_qkv_input(self: BridgeCore, use_split_qkv_input: bool) -> None:
