@@ -117,7 +117,8 @@ CAUSES = {
     "per-head results, which moves its own logits by ~2e-5 (checked: with the flag off, TL and this bridge under "
     "eager attention agree bitwise on Exploratory_Analysis_Demo's 8 prompts); this bridge keeps the model's "
     "computation and derives head results from hook_z, so the eager run does not remove it. Float summation order "
-    "only.",
+    "only; HF is the oracle. Flagged: set_use_attn_result(True) warns once (TransformerLensDifferenceWarning), in "
+    "the cell that calls it.",
     "use_attn_result (TL), patching": "as use_attn_result (TL), in a patching sweep.",
     "hook names": "every hook here reports the one canonical name (documented: 'one name per hook point'); TL 4.3 "
     "reports its bridge's spellings (embed.hook_in, blocks.0.hook_in, ...; each resolves here to the same point) and "
@@ -131,6 +132,12 @@ CAUSES = {
     "module path": "`from transformer_bridge.HookedRootModule import HookedRootModule`: TransformerLens' upper-case "
     "module paths import here now; what still differs is printed here.",
     "after 53": "follows from cell 53: the toy model was not built, so `model` is still the bridge.",
+    "port: fresh tensor": "the port's record only: the loop's last `param` (unembed.b_U) is the same tensor object on "
+    "TL at each call, so the port, which records a name only when its object changes, skips it there; here `b_U` is "
+    "the folded bias, a new tensor each call. The printed list is identical.",
+    "port: Mapping": "the port's record only: TL's HookedRootModule.run_with_cache returns a plain dict, which the "
+    "port flattens; here an ActivationCache (a Mapping with the same keys and tensors; `return_cache_object=False` "
+    "gives TL's dict), which it does not. The printed keys and values are identical.",
     "stand-in metric": "the notebook asserts the clean metric is 1 within 1e-5; with the stand-in the clean and "
     "corrupted logit differences are +-0.054, so the float noise between its two forwards fails it on both sides "
     "(TL 1.1e-5; here 1.7e-5: backward hooks on hook_pattern / hook_attn_scores make this bridge compute attention "
@@ -140,11 +147,11 @@ CAUSES = {
 NOTES: dict[tuple[str, int], str] = {
     **{("Main_Demo", i): "kernel" for i in (10, 15, 16, 18)},
     ("Main_Demo", 23): "get_params",
-    ("Main_Demo", 24): "get_params",
+    ("Main_Demo", 24): "port: fresh tensor",
     ("Main_Demo", 25): "hook names",
     ("Main_Demo", 52): "sampling",
     ("Main_Demo", 53): "module path",
-    ("Main_Demo", 54): "after 53",
+    ("Main_Demo", 54): "port: Mapping",
     ("Main_Demo", 55): "after 53",
     **{("Activation_Patching_in_TL_Demo", i): "kernel (patching)" for i in (12, 13, 15, 16, 17, 18)},
     ("Activation_Patching_in_TL_Demo", 14): "kernel (p-values)",
