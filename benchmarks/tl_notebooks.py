@@ -21,8 +21,8 @@ The port, applied cell by cell (the Markdown lists what each notebook needed):
 - The model construction, by the explicit substitutions of ``SUBSTITUTIONS``: every model the notebook builds is
   SmolLM2-135M-Instruct cut to its first ``--layers`` blocks (``config.num_hidden_layers`` and the HF layer list
   truncated alike, saved once as an HF folder under ``--out``; fp32, CPU), bound to ``SMOLLM2`` in the
-  namespace. TL: ``TransformerBridge.boot_transformers(SMOLLM2, ...)``; ours:
-  ``TransformerBridge.from_pretrained(SMOLLM2, ..., dtype=torch.float32)``. Each substitution must match.
+  namespace, the same text on both sides: ``TransformerBridge.boot_transformers(SMOLLM2, ...)`` (here the
+  constructor of TransformerLens 4's name and defaults: eager attention, float32). Each substitution must match.
 
 Each cell runs wrapped (an exception is recorded, the run goes on), with torch / numpy / random seeded by the
 cell's index first (so unseeded ``torch.randint`` cells draw the same tokens on both sides), recording: ran or
@@ -40,9 +40,10 @@ differing cell's largest absolute difference, and that difference relative to th
 Printed text is compared after one normalisation: ``<class 'a.b.C'>`` becomes ``<class 'C'>``, memory addresses
 are blanked and ``transformer_lens`` / ``transformer_bridge`` read as one name. Causes found by hand: ``NOTES``.
 
-A third, diagnostic run (``--no-eager`` skips it) ports the notebook as for ours and adds
-``attn_implementation="eager"`` to each ``from_pretrained``: TransformerLens' bridge forces HF's eager attention,
-this one keeps the model's kernel (SDPA), so a cell equal there and not in the main run differs by the kernel only.
+A third, diagnostic run (``--no-sdpa`` skips it) ports the notebook as for ours and adds
+``attn_implementation="sdpa"`` to each ``boot_transformers``: the model's own kernel, which this bridge's
+`from_pretrained` keeps (its logits are HF's bitwise), where TransformerLens' bridge and `boot_transformers` use
+HF's eager attention; a cell equal in the main run and not there differs by the kernel only.
 """
 
 import argparse
@@ -76,7 +77,7 @@ STUBBED = ("IPython", "plotly", "circuitsvis")
 # the truncated SmolLM2; nothing else changes. A notebook not listed here runs with its constructions as they
 # are (which then fail offline on both sides).
 _TL_BOOT = "TransformerBridge.boot_transformers(SMOLLM2"
-_OURS_BOOT = "TransformerBridge.from_pretrained(SMOLLM2, dtype=torch.float32"
+_OURS_BOOT = _TL_BOOT  # `boot_transformers` here: TransformerLens 4's defaults (eager attention, float32)
 SUBSTITUTIONS: dict[str, list[tuple[str, str, str]]] = {
     "Main_Demo": [
         ('TransformerBridge.boot_transformers("openai-community/gpt2",', _TL_BOOT + ",", _OURS_BOOT + ","),
@@ -199,8 +200,9 @@ def port_cell(source: str, side: str, subs: list[tuple[str, str, str]], used: se
         if old in text:
             used.add(k)
             text = text.replace(old, tl_new if side == "tl" else ours_new)
-    if side == "eager":  # the diagnostic side: this bridge on TransformerLens' attention kernel
-        text = text.replace(_OURS_BOOT, _OURS_BOOT + ', attn_implementation="eager"')
+    if side == "sdpa":  # the diagnostic side: this bridge on the model's own kernel (`from_pretrained`'s default)
+        text = text.replace(_OURS_BOOT + ")", _OURS_BOOT + ', attn_implementation="sdpa")')
+        text = text.replace(_OURS_BOOT + ",", _OURS_BOOT + ', attn_implementation="sdpa",')
     return text
 
 
@@ -637,11 +639,11 @@ def report(notebooks: list[str], nb_dir: Path, out: Path) -> str:
         "Both sides run SmolLM2-135M-Instruct cut to its first "
         f"{json.loads((out / 'run.json').read_text())['layers']} blocks, fp32, CPU, one thread; equal = ran on both "
         f"sides and every number within rtol {RTOL:g} / atol {ATOL:g} (integers and strings exact). The last column "
-        "is a diagnostic: this bridge's port again, with `attn_implementation=\"eager\"` (the kernel TL's bridge "
-        "forces), against TL.",
+        "is a diagnostic: this bridge's port again, with `attn_implementation=\"sdpa\"` (the model's own kernel, "
+        "which `from_pretrained` keeps; TL's bridge and `boot_transformers` use eager attention), against TL.",
         "",
-        "| notebook | code cells | runnable on TL's bridge | run here | equal | run here, not on TL | equal, eager "
-        "attention here (diagnostic) |",
+        "| notebook | code cells | runnable on TL's bridge | run here | equal | run here, not on TL | equal, SDPA "
+        "here (diagnostic) |",
         "|---|---|---|---|---|---|---|",
     ]
     sections = []
@@ -654,7 +656,7 @@ def report(notebooks: list[str], nb_dir: Path, out: Path) -> str:
             compare_cell(t, o, out / name / "tl", out / name / "ours")
             for t, o in zip(tl_cells, ours_cells, strict=True)
         ]
-        eager_dir = out / name / "eager"
+        eager_dir = out / name / "sdpa"
         eager = None
         if (eager_dir / "cells.json").exists():
             eager_cells = _load(eager_dir, n)[1]
@@ -677,7 +679,7 @@ def report(notebooks: list[str], nb_dir: Path, out: Path) -> str:
         if stubbed:
             sec += ["", f"Stubbed (absent from the venv): {', '.join(stubbed)}."]
         sec += ["", "Cells not equal, or failing here:", "",
-                "| cell | first line | TL | here | what differs | max abs diff / relative | equal, eager here "
+                "| cell | first line | TL | here | what differs | max abs diff / relative | equal, SDPA here "
                 "| flagged here | cause |",
                 "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         labels: list[str] = []
@@ -762,9 +764,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layers", type=int, default=4, help="SmolLM2 blocks kept")
     ap.add_argument("--compare-only", action="store_true", help="re-compare the runs stored under --out")
     ap.add_argument(
-        "--no-eager",
+        "--no-sdpa",
         action="store_true",
-        help="skip the diagnostic third run (this bridge with attn_implementation='eager', TL's kernel)",
+        help="skip the diagnostic third run (this bridge with attn_implementation='sdpa', the model's own kernel)",
     )
     ap.add_argument("--side", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -778,7 +780,7 @@ def main(argv: list[str] | None = None) -> None:
         model = prepare_model(a.out / f"smollm2_{a.layers}l", a.layers)
         (a.out / "run.json").write_text(json.dumps({"layers": a.layers, "model": str(model)}))
         for name in a.notebooks:
-            sides = ("tl", "ours") if a.no_eager else ("tl", "ours", "eager")
+            sides = ("tl", "ours") if a.no_sdpa else ("tl", "ours", "sdpa")
             run_notebook(a.notebooks_dir / f"{name}.ipynb", a.out, a.tl_python, model, sides)
     sys.stdout.write(report(a.notebooks, a.notebooks_dir, a.out))
 

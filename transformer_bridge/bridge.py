@@ -126,3 +126,19 @@ class TransformerBridge(TransformerLensSurface, BridgeCore):
         if any(v is not False for v in steps.values()):
             model.process_weights(**steps)
         return model
+
+    @classmethod
+    def boot_transformers(cls, model_name: str, *args: Any, **kwargs: Any) -> Any:
+        """TransformerLens 4's constructor: `from_pretrained` with TransformerLens 4's loading defaults, so that its
+        scripts give its numbers: HF's eager attention (TransformerLens 4 forces it; `from_pretrained` keeps the
+        model's kernel, SDPA, whose logits differ by float summation order, ~1e-5) and float32 weights. Either may
+        be overridden (``attn_implementation=``, ``dtype=``); the other keywords are `from_pretrained`'s.
+
+        Example:
+            >>> model = TransformerBridge.boot_transformers("path/to/SmolLM2")
+            >>> model.hf_model.config._attn_implementation
+            'eager'
+        """
+        kwargs.setdefault("attn_implementation", "eager")
+        kwargs.setdefault("dtype", torch.float32)
+        return cls.from_pretrained(model_name, *args, **kwargs)

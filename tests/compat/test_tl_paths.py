@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+import transformers
 from conftest import char_tokenizer, make_bridge, make_hf
 
 import transformer_bridge
@@ -59,6 +60,24 @@ print("ok")
 """
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_boot_transformers_loads_with_tl4_defaults(tmp_path, family):
+    """TransformerLens 4's constructor: eager attention and float32 (TransformerLens 4's bridge forces eager), so its
+    scripts run unchanged and give its numbers; the keywords override; logits equal the HF model's on eager."""
+    make_hf(family).save_pretrained(tmp_path)
+    char_tokenizer().save_pretrained(tmp_path)
+    booted = transformer_bridge.TransformerBridge.boot_transformers(str(tmp_path))
+    assert booted.hf_model.config._attn_implementation == "eager" and booted.cfg.dtype == torch.float32
+    plain = transformer_bridge.TransformerBridge.from_pretrained(str(tmp_path))
+    assert plain.hf_model.config._attn_implementation == "sdpa"
+    tokens = torch.tensor([[5, 17, 3, 42, 8]])
+    with torch.no_grad():
+        hf_eager = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), attn_implementation="eager")
+        assert torch.equal(booted(tokens), hf_eager(tokens).logits)
+    kept = transformer_bridge.TransformerBridge.boot_transformers(str(tmp_path), attn_implementation="sdpa")
+    assert kept.hf_model.config._attn_implementation == "sdpa"
 
 
 def test_hooked_transformer_processes_as_tl(tmp_path):
