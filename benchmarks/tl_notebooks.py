@@ -140,10 +140,11 @@ CAUSES = {
     "port flattens; here an ActivationCache (a Mapping with the same keys and tensors; `return_cache_object=False` "
     "gives TL's dict), which it does not. The printed keys and values are identical.",
     "stand-in metric": "the notebook asserts the clean metric is 1 within 1e-5; with the stand-in the clean and "
-    "corrupted logit differences are +-0.054, so the float noise between its two forwards fails it on both sides "
-    "(TL 1.1e-5; here 1.7e-5: backward hooks on hook_pattern / hook_attn_scores make this bridge compute attention "
-    "from the pattern instead of SDPA, ~2e-5 on the logits). Every later cell that needs these caches fails on both "
-    "sides.",
+    "corrupted logit differences are +-0.054, so the float noise between its two forwards decides it. On TL it "
+    "fails (1.1e-5: TL's use_attn_result sums the heads into the output, see use_attn_result (TL)); here, on eager "
+    "attention (`boot_transformers`), it passes, so the cells after it that need its caches run here and not on "
+    "TL. With SDPA it fails here too (1.7e-5: backward hooks on hook_pattern / hook_attn_scores make this bridge "
+    "compute attention from the pattern instead of SDPA, ~2e-5 on the logits).",
 }
 NOTES: dict[tuple[str, int], str] = {
     **{("Main_Demo", i): "kernel" for i in (10, 15, 16, 18)},
