@@ -14,8 +14,6 @@ from typing import Any
 
 from .bridge import TransformerBridge
 
-# Any of these given: the caller chose how to decode, and TransformerLens' defaults stay out.
-
 __all__ = ["HookedTransformer"]
 
 

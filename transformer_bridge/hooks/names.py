@@ -44,8 +44,7 @@ _BLOCK_NAME = re.compile(r"blocks\.(-?\d+)\.(.+)")
 _TL4_BLOCK = {
     "hook_in": "hook_resid_pre", "hook_out": "hook_resid_post", "ln1.hook_in": "hook_resid_pre",
     "attn.q.hook_out": "attn.hook_q", "attn.k.hook_out": "attn.hook_k", "attn.v.hook_out": "attn.hook_v",
-    "attn.o.hook_in": "attn.hook_z", "attn.hook_out": "hook_attn_out", "mlp.hook_out": "hook_mlp_out",
-    "mlp.in.hook_out": "mlp.hook_pre", "mlp.out.hook_in": "mlp.hook_post",
+    "attn.o.hook_in": "attn.hook_z", "mlp.out.hook_in": "mlp.hook_post",
     "attn.hook_attn_in": "hook_attn_in", "attn.hook_q_input": "hook_q_input", "attn.hook_k_input": "hook_k_input",
     "attn.hook_v_input": "hook_v_input", "ln1.hook_out": "attn.hook_in", "ln2.hook_out": "mlp.hook_in",
 }  # fmt: skip
@@ -65,10 +64,13 @@ _RESID_POST = re.compile(r"blocks\.(\d+)\.hook_resid_post")
 #   only where no post-norm follows it (Gemma 2/3, OLMo 2: TransformerLens 4's hook_attn_out is after ln1_post, its
 #   attn.hook_out before; this bridge has no point before the post-norm, so the spelling is unknown there);
 # - a gated MLP's ``in`` is its up projection (``hook_pre_linear``), its ``gate`` the activation's input.
-_TL4_POST_NORMED = {"attn.hook_out": "ln1_post", "mlp.hook_out": "ln2_post", "attn.o.hook_out": "ln1_post",
-                    "mlp.out.hook_out": "ln2_post"}  # fmt: skip
-_TL4_SUBLAYER_OUT = {"attn.o.hook_out": "hook_attn_out", "mlp.out.hook_out": "hook_mlp_out"}
-_TL4_GATED = {"mlp.in.hook_out": "mlp.hook_pre_linear", "mlp.gate.hook_out": "mlp.hook_pre"}
+# spelling -> (its point where no post-norm follows, the post-norm)
+_TL4_SUBLAYER_OUT = {
+    "attn.hook_out": ("hook_attn_out", "ln1_post"), "attn.o.hook_out": ("hook_attn_out", "ln1_post"),
+    "mlp.hook_out": ("hook_mlp_out", "ln2_post"), "mlp.out.hook_out": ("hook_mlp_out", "ln2_post"),
+}  # fmt: skip
+# spelling -> (its point in a gated MLP, in an ungated one; None: it has none)
+_TL4_MLP = {"mlp.in.hook_out": ("mlp.hook_pre_linear", "mlp.hook_pre"), "mlp.gate.hook_out": ("mlp.hook_pre", None)}
 # A projection's input is the attention's input (TransformerLens 4's q/k/v components read the attention's input).
 _TL4_PROJECTION_IN = ("attn.q.hook_in", "attn.k.hook_in", "attn.v.hook_in")
 
@@ -93,14 +95,13 @@ def tl4_spelling(name: str, known: Container[str] | None = None) -> str:
     block, rest = f"blocks.{match.group(1)}.", match.group(2)
     if rest in _TL4_PROJECTION_IN and known is not None and f"{block}attn.hook_in" in known:
         return block + "attn.hook_in"
-    if rest in _TL4_POST_NORMED or rest in _TL4_GATED:
-        if known is None or f"{block}{_TL4_POST_NORMED.get(rest)}.hook_normalized" in known:
-            return name
-        if rest in _TL4_GATED:
-            if f"{block}mlp.hook_pre_linear" in known:  # gated
-                return block + _TL4_GATED[rest]
-            return block + "mlp.hook_pre" if rest == "mlp.in.hook_out" else name
-        return block + (_TL4_SUBLAYER_OUT.get(rest) or _TL4_BLOCK[rest])
+    if rest in _TL4_SUBLAYER_OUT and known is not None:
+        point, post_norm = _TL4_SUBLAYER_OUT[rest]
+        return name if f"{block}{post_norm}.hook_normalized" in known else block + point
+    if rest in _TL4_MLP and known is not None:
+        gated, ungated = _TL4_MLP[rest]
+        point = gated if f"{block}mlp.hook_pre_linear" in known else ungated
+        return name if point is None else block + point
     if rest in _TL4_BLOCK:
         return block + _TL4_BLOCK[rest]
     return name
